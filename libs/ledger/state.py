@@ -1,0 +1,159 @@
+"""The allocation state, folded from the log: who holds which GPU share, since when.
+
+The same fold serves the allocator (authoritative, rebuilt at start), the vmanager (which pods and
+containers have limits to deliver), the CLI's ``replay`` (state as of a time) and the tests (replayed
+state equals live state). It is pure: events in, state out, no I/O.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from libs.events.codec import StoredEvent
+from libs.events.schema import (
+    AllocationGranted,
+    AllocationRefused,
+    AllocationReleased,
+    ContainerResponse,
+    GpuShare,
+    InventoryRecorded,
+)
+
+__all__ = ["Allocation", "GpuUsage", "LedgerSnapshot", "LedgerState"]
+
+
+class Allocation(msgspec.Struct, gc=False, kw_only=True):
+    alloc_id: str
+    request_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    container_index: int
+    init_container: bool
+    cores: int
+    memory: int
+    device_ids: tuple[str, ...]
+    shares: tuple[GpuShare, ...]
+    core_limit: int | None
+    response: ContainerResponse
+    granted_seq: int
+    granted_at: int
+
+    @classmethod
+    def from_event(cls, ev: AllocationGranted, seq: int, at: int) -> Allocation:
+        fields = msgspec.structs.asdict(ev)
+        return cls(**fields, granted_seq=seq, granted_at=at)
+
+
+class GpuUsage(msgspec.Struct, kw_only=True):
+    index: int
+    uuid: str
+    minor: int
+    memory_total: int
+    cores_used: int = 0
+    memory_used: int = 0
+    alloc_ids: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def cores_free(self) -> int:
+        return max(0, 100 - self.cores_used)
+
+    @property
+    def memory_free(self) -> int:
+        return max(0, self.memory_total - self.memory_used)
+
+    @property
+    def idle(self) -> bool:
+        return not self.alloc_ids
+
+
+class LedgerSnapshot(msgspec.Struct, kw_only=True):
+    """A canonical, comparable view of the state (also what ``gpuledger replay --json`` prints)."""
+
+    seq: int
+    time: int
+    node: str
+    gpus: list[GpuUsage]
+    allocations: list[Allocation]
+
+
+class LedgerState:
+    def __init__(self) -> None:
+        self.seq = 0
+        self.time = 0
+        self.inventory: InventoryRecorded | None = None
+        self.allocations: dict[str, Allocation] = {}
+        self.gpus: dict[int, GpuUsage] = {}
+        self.refusals = 0
+
+    # --- folding ---
+    def apply(self, stored: StoredEvent) -> None:
+        if stored.seq <= self.seq:
+            return  # already folded (at-least-once delivery is fine)
+        if stored.seq != self.seq + 1:
+            raise ValueError(f"gap in the event stream: at seq {self.seq}, got {stored.seq}")
+        ev = stored.event
+        if isinstance(ev, AllocationGranted):
+            alloc = Allocation.from_event(ev, stored.seq, stored.recorded_at)
+            self.allocations[alloc.alloc_id] = alloc
+            self._charge(alloc, +1)
+        elif isinstance(ev, AllocationReleased):
+            released = self.allocations.pop(ev.alloc_id, None)
+            if released is not None:
+                self._charge(released, -1)
+        elif isinstance(ev, InventoryRecorded):
+            self.inventory = ev
+            self._rebuild_usage()
+        elif isinstance(ev, AllocationRefused):
+            self.refusals += 1
+        self.seq = stored.seq
+        self.time = stored.recorded_at
+
+    def _charge(self, alloc: Allocation, sign: int) -> None:
+        for share in alloc.shares:
+            gpu = self.gpus.get(share.index)
+            if gpu is None:
+                continue  # a GPU that left the inventory; the allocation itself is still recorded
+            gpu.cores_used += sign * share.cores
+            gpu.memory_used += sign * share.memory
+            if sign > 0:
+                gpu.alloc_ids.append(alloc.alloc_id)
+            elif alloc.alloc_id in gpu.alloc_ids:
+                gpu.alloc_ids.remove(alloc.alloc_id)
+
+    def _rebuild_usage(self) -> None:
+        assert self.inventory is not None
+        self.gpus = {
+            g.index: GpuUsage(index=g.index, uuid=g.uuid, minor=g.minor, memory_total=g.memory)
+            for g in self.inventory.gpus
+        }
+        for alloc in sorted(self.allocations.values(), key=lambda a: a.granted_seq):
+            self._charge(alloc, +1)
+
+    # --- queries ---
+    def pod_allocations(self, pod_uid: str) -> list[Allocation]:
+        return sorted(
+            (a for a in self.allocations.values() if a.pod_uid == pod_uid), key=lambda a: a.granted_seq
+        )
+
+    def pods(self) -> set[str]:
+        return {a.pod_uid for a in self.allocations.values()}
+
+    def find_by_devices(self, device_ids: list[str] | tuple[str, ...]) -> Allocation | None:
+        """The newest allocation that holds exactly these kubelet device IDs."""
+        wanted = frozenset(device_ids)
+        best: Allocation | None = None
+        for alloc in self.allocations.values():
+            if frozenset(alloc.device_ids) == wanted and (best is None or alloc.granted_seq > best.granted_seq):
+                best = alloc
+        return best
+
+    def snapshot(self) -> LedgerSnapshot:
+        return LedgerSnapshot(
+            seq=self.seq,
+            time=self.time,
+            node=self.inventory.node if self.inventory else "",
+            gpus=[msgspec.structs.replace(g, alloc_ids=sorted(g.alloc_ids)) for _, g in sorted(self.gpus.items())],
+            allocations=sorted(self.allocations.values(), key=lambda a: a.granted_seq),
+        )

@@ -1,0 +1,55 @@
+"""structlog set-up: JSON lines in production, readable lines on a terminal.
+
+``LOG_FORMAT=json|console`` (or the ``--log-format`` option) overrides the TTY guess, because
+``kubectl logs`` is never a TTY while ``gpuledger up`` may be piped.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import msgspec
+import structlog
+
+__all__ = ["configure_logging", "get_logger"]
+
+
+def _json_dumps(obj: Any, **_: Any) -> str:
+    return msgspec.json.encode(obj).decode()
+
+
+def configure_logging(service: str, *, fmt: str = "auto", level: str = "info", stream: Any = None) -> None:
+    stream = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "console" if stream.isatty() else "json"
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if fmt == "json":
+        renderer: Any = structlog.processors.JSONRenderer(serializer=_json_dumps)
+        shared.append(structlog.processors.dict_tracebacks)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+    # Third-party libraries (grpc, nats, aiohttp) log through stdlib logging: keep them quiet but visible.
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(f"{service} %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(numeric, logging.WARNING))
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(service=service)
+
+
+def get_logger(name: str | None = None) -> Any:
+    return structlog.get_logger(name)

@@ -1,0 +1,89 @@
+"""EventLog: the append-only allocation log as the allocator uses it.
+
+    log = await EventLog.open(path)
+    stored = await log.append([event, ...], command_id=request_id)   # durable when it returns
+    last = await log.replay(state.apply)                               # rebuild state
+    log.on_commit(callback)                                            # wake the outbox relay
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sqlalchemy import create_engine, insert, select
+
+from libs.errors import StoreError
+from libs.events.codec import StoredEvent
+from libs.events.schema import Event
+from libs.store.queries import LogQueries
+from libs.store.replay import replay
+from libs.store.schema import LOG_FORMAT_VERSION, meta, metadata
+from libs.store.writer import LogWriter, connect
+
+__all__ = ["EventLog", "create_schema"]
+
+
+def create_schema(path: Path) -> None:
+    """Create the tables and triggers if absent; refuse a log written in another format."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    connect(path).close()  # WAL is persistent: set it before SQLAlchemy opens the file
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.begin() as conn:
+            metadata.create_all(conn, checkfirst=True)
+            found = conn.execute(select(meta.c.value).where(meta.c.key == "format")).scalar()
+            if found is None:
+                conn.execute(insert(meta).values(key="format", value=LOG_FORMAT_VERSION))
+            elif found != LOG_FORMAT_VERSION:
+                raise StoreError(f"{path} is log format {found}; this gpuledger reads {LOG_FORMAT_VERSION}")
+    finally:
+        engine.dispose()
+
+
+class EventLog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._listeners: list[Callable[[int], None]] = []
+        self._writer = LogWriter(path, on_commit=self._committed)
+        self.queries = LogQueries(path)
+
+    @classmethod
+    async def open(cls, path: str | Path) -> EventLog:
+        path = Path(path)
+        await asyncio.to_thread(create_schema, path)
+        log = cls(path)
+        await asyncio.to_thread(log._writer.start, asyncio.get_running_loop())
+        return log
+
+    @property
+    def last_seq(self) -> int:
+        return self._writer.last_seq
+
+    async def append(self, events: Sequence[Event], *, command_id: str | None = None) -> list[StoredEvent]:
+        return await self._writer.append(events, command_id=command_id)
+
+    async def read_after(self, after_seq: int, limit: int = 512) -> list[StoredEvent]:
+        return await self.queries.read_after(after_seq, limit)
+
+    async def replay(self, fold: Callable[[StoredEvent], object], *, upto_seq: int | None = None) -> int:
+        return await asyncio.to_thread(replay, self.path, fold, upto_seq=upto_seq)
+
+    def on_commit(self, callback: Callable[[int], None]) -> None:
+        """``callback(last_seq)`` runs on the event loop after each commit."""
+        self._listeners.append(callback)
+
+    def _committed(self, last_seq: int) -> None:
+        for cb in self._listeners:
+            cb(last_seq)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._writer.stop)
+        await self.queries.close()
+
+    async def __aenter__(self) -> EventLog:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

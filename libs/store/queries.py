@@ -1,0 +1,56 @@
+"""Ad-hoc reads on the event loop: SQLAlchemy Core over aiosqlite.
+
+Used where a query is small and must not block the loop: the outbox relay's "events after seq N",
+the ``log`` request other services use to catch up, the CLI's filters. Bulk replay does not come
+here (see replay.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import event, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from libs.events.codec import StoredEvent
+from libs.store.rows import row_to_stored
+from libs.store.schema import events
+
+__all__ = ["LogQueries"]
+
+_COLUMNS = (
+    events.c.seq, events.c.recorded_at, events.c.stream_id, events.c.version, events.c.type,
+    events.c.schema_v, events.c.event_id, events.c.command_id, events.c.payload,
+)
+
+
+class LogQueries:
+    def __init__(self, path: Path) -> None:
+        self.engine: AsyncEngine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+
+        @event.listens_for(self.engine.sync_engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA busy_timeout=5000")
+            cur.execute("PRAGMA query_only=ON")  # this engine never writes: the writer thread does
+            cur.close()
+
+    async def read_after(
+        self, after_seq: int, limit: int = 512, *, types: list[str] | None = None, stream: str | None = None
+    ) -> list[StoredEvent]:
+        stmt = select(*_COLUMNS).where(events.c.seq > after_seq)
+        if types:
+            stmt = stmt.where(events.c.type.in_(types))
+        if stream:
+            stmt = stmt.where(events.c.stream_id == stream)
+        stmt = stmt.order_by(events.c.seq).limit(limit)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [row_to_stored(tuple(r)) for r in rows]
+
+    async def last_seq(self) -> int:
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(select(func.max(events.c.seq)))).scalar() or 0)
+
+    async def close(self) -> None:
+        await self.engine.dispose()

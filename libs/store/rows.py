@@ -1,0 +1,39 @@
+"""Row <-> StoredEvent mapping and the hash chain, shared by the writer and every reader."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from libs.errors import CorruptLog
+from libs.events.codec import StoredEvent, decode_body
+
+__all__ = ["COLUMNS", "GENESIS_HASH", "chain_hash", "row_to_stored"]
+
+COLUMNS = "seq, recorded_at, stream_id, version, type, schema_v, event_id, command_id, payload"
+GENESIS_HASH = bytes(32)
+
+_pack = msgspec.msgpack.Encoder().encode
+
+
+def chain_hash(prev: bytes, row: Sequence[Any]) -> bytes:
+    """sha256(prev || msgpack(row)) where row is the tuple of COLUMNS, in that order."""
+    return hashlib.sha256(prev + _pack(tuple(row))).digest()
+
+
+def row_to_stored(row: Sequence[Any]) -> StoredEvent:
+    seq, recorded_at, stream_id, version, type_name, schema_v, event_id, command_id, payload = row
+    if not isinstance(payload, bytes):
+        raise CorruptLog(seq, "payload is not a blob")
+    return StoredEvent(
+        seq=seq,
+        recorded_at=recorded_at,
+        stream_id=stream_id,
+        version=version,
+        event_id=event_id.hex(),
+        command_id=command_id,
+        event=decode_body(type_name, schema_v, payload, seq=seq),
+    )

@@ -1,0 +1,217 @@
+"""The log's only writer: one thread, one connection, group commit.
+
+Callers on the event loop ``await append(events)``; the thread takes everything queued (up to
+MAX_BATCH events), writes it in one ``BEGIN IMMEDIATE ... COMMIT`` with ``synchronous=FULL`` and only
+then resolves the callers' futures, so an awaited append is on disk. Each caller's events are atomic
+(a SAVEPOINT each): one failing request does not fail its neighbours in the group. The writer assigns
+``seq``, ``recorded_at`` (clamped so it never goes backwards), per-stream ``version`` and the chain hash.
+
+A request with a ``command_id`` that is already in the log is not written again: its original events
+are returned, so a caller that retries after a lost reply appends exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from libs.errors import AppendOnlyViolation, StoreError
+from libs.events.codec import StoredEvent, encode_body
+from libs.events.schema import Event
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, row_to_stored
+
+__all__ = ["LogWriter"]
+
+MAX_BATCH = 512
+_INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+@dataclass(slots=True)
+class _Request:
+    events: Sequence[Event]
+    command_id: str | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[list[StoredEvent]]
+
+
+_STOP = object()
+
+
+def _resolve(fut: asyncio.Future[list[StoredEvent]], result: list[StoredEvent] | BaseException) -> None:
+    if fut.done():  # the caller gave up waiting; the outcome is in the log either way
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    return conn
+
+
+class LogWriter:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        on_commit: Callable[[int], None] | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.path = path
+        self._on_commit = on_commit
+        self._clock = clock
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="eventlog-writer", daemon=True)
+        self._conn: sqlite3.Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.last_seq = 0
+        self._last_at = 0
+        self._last_hash = GENESIS_HASH
+        self._versions: dict[str, int] = {}
+        self._stopped = False
+
+    # --- lifecycle ---
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._conn = connect(self.path)
+        self._load_tail()
+        self._thread.start()
+
+    def _load_tail(self) -> None:
+        assert self._conn
+        row = self._conn.execute(
+            "SELECT seq, recorded_at, hash FROM events ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        self.last_seq, self._last_at, self._last_hash = row if row else (0, 0, GENESIS_HASH)
+        self._versions = dict(
+            self._conn.execute("SELECT stream_id, MAX(version) FROM events GROUP BY stream_id").fetchall()
+        )
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+        if self._conn:
+            self._conn.close()
+            self._conn = None
+        self._stopped = True
+
+    # --- the API used on the event loop ---
+    async def append(self, events: Sequence[Event], *, command_id: str | None = None) -> list[StoredEvent]:
+        if self._stopped or not self._thread.is_alive():
+            raise StoreError("the event log writer is not running")
+        if not events:
+            return []
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[StoredEvent]] = loop.create_future()
+        self._queue.put(_Request(events, command_id, loop, fut))
+        return await fut
+
+    # --- the writer thread ---
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            assert isinstance(item, _Request)
+            group = [item]
+            size = len(item.events)
+            while size < MAX_BATCH:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                assert isinstance(nxt, _Request)
+                group.append(nxt)
+                size += len(nxt.events)
+            self._commit(group)
+
+    def _commit(self, group: list[_Request]) -> None:
+        conn = self._conn
+        assert conn is not None
+        seq, at, prev = self.last_seq, self._last_at, self._last_hash
+        versions: dict[str, int] = {}
+        by_command: dict[str, list[StoredEvent]] = {}
+        results: list[list[StoredEvent] | BaseException] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for req in group:
+                if req.command_id:
+                    earlier = by_command.get(req.command_id) or self._find_command(req.command_id)
+                    if earlier:
+                        results.append(earlier)
+                        continue
+                mark = (seq, at, prev, dict(versions))
+                rows: list[tuple[object, ...]] = []
+                stored: list[StoredEvent] = []
+                for ev in req.events:
+                    seq += 1
+                    at = max(self._clock(), at)
+                    stream = ev.stream()
+                    version = versions.get(stream, self._versions.get(stream, 0)) + 1
+                    versions[stream] = version
+                    event_id = uuid.uuid4().bytes
+                    row = (seq, at, stream, version, type(ev).__struct_config__.tag, type(ev).SCHEMA,
+                           event_id, req.command_id, encode_body(ev))
+                    prev = chain_hash(prev, row)
+                    rows.append((*row, prev))
+                    stored.append(StoredEvent(seq=seq, recorded_at=at, stream_id=stream, version=version,
+                                              event_id=event_id.hex(), command_id=req.command_id, event=ev))
+                conn.execute("SAVEPOINT request")
+                try:
+                    conn.executemany(_INSERT, rows)
+                    conn.execute("RELEASE request")
+                except sqlite3.DatabaseError as exc:
+                    conn.execute("ROLLBACK TO request")
+                    conn.execute("RELEASE request")
+                    seq, at, prev, versions = mark
+                    results.append(_translate(exc))
+                    continue
+                results.append(stored)
+                if req.command_id:
+                    by_command[req.command_id] = stored
+            conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._load_tail()
+            err = _translate(exc)
+            for req in group:
+                req.loop.call_soon_threadsafe(_resolve, req.future, err)
+            return
+        self.last_seq, self._last_at, self._last_hash = seq, at, prev
+        self._versions.update(versions)
+        for req, result in zip(group, results, strict=True):
+            req.loop.call_soon_threadsafe(_resolve, req.future, result)
+        if self._on_commit and self._loop:
+            self._loop.call_soon_threadsafe(self._on_commit, seq)
+
+    def _find_command(self, command_id: str) -> list[StoredEvent]:
+        assert self._conn
+        rows = self._conn.execute(
+            f"SELECT {COLUMNS} FROM events WHERE command_id = ? ORDER BY seq", (command_id,)
+        ).fetchall()
+        return [row_to_stored(r) for r in rows]
+
+
+def _translate(exc: sqlite3.DatabaseError) -> StoreError:
+    text = str(exc)
+    if "append-only" in text:
+        return AppendOnlyViolation(text)
+    return StoreError(f"event log write failed: {text}")
