@@ -17,7 +17,7 @@ from typing import Any
 from libs.config import Settings
 from libs.log import configure_logging, get_logger
 
-__all__ = ["ServiceFactory", "run_service", "serve_until_stopped"]
+__all__ = ["ServiceFactory", "Supervisor", "run_service", "serve_until_stopped"]
 
 ServiceFactory = Callable[[Settings], AbstractAsyncContextManager[Any]]
 
@@ -29,9 +29,16 @@ async def serve_until_stopped(name: str, settings: Settings, factory: ServiceFac
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with factory(settings):
+        async with factory(settings) as svc:
             log.info("service started", node=settings.node_name)
-            await stop.wait()
+            waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+            supervisor = getattr(svc, "supervisor", None)
+            if isinstance(supervisor, Supervisor):
+                waits.append(supervisor.failure)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            waits[0].cancel()
+            if supervisor is not None and supervisor.failure.done() and not supervisor.failure.cancelled():
+                raise supervisor.failure.exception()  # type: ignore[misc]
             log.info("stopping")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -47,3 +54,39 @@ def run_service(name: str, settings: Settings, factory: ServiceFactory) -> int:
         get_logger(name).error("service failed", error=str(exc), exc_info=exc)
         return 1
     return 0
+
+
+class Supervisor:
+    """A service's background tasks. The first one to fail ends the service (and the process).
+
+    A service object exposes it as ``.supervisor``; ``serve_until_stopped`` waits for a signal or for
+    ``failure``, whichever comes first.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=f"{self.name}:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or self.failure.done():
+            return
+        exc = task.exception()
+        err = exc or RuntimeError(f"background task {task.get_name()} ended unexpectedly")
+        self.failure.set_exception(err)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if not self.failure.done():
+            self.failure.cancel()
+        elif not self.failure.cancelled():
+            self.failure.exception()  # mark retrieved: it was reported by serve_until_stopped

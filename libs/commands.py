@@ -1,0 +1,120 @@
+"""Request/reply messages between the services (the payloads of the ``<service>.<verb>`` subjects).
+
+    registrar  --allocator.allocate-->  allocator   (kubelet Allocate for vcore)
+    registrar  --allocator.prestart-->  allocator   --vmanager.prepare--> vmanager
+    registrar  --allocator.inventory--> allocator   (what to advertise in ListAndWatch)
+    watchdog   --allocator.release-->   allocator   (a pod is gone)
+    allocator  --watchdog.pods-->       watchdog    (pending pods, for matching an Allocate to a pod)
+    vmanager   --watchdog.pods-->       watchdog    (container id -> name)
+    anyone     --allocator.state-->     allocator   (the folded state, for checks and tools)
+    watchdog   ==pod.<verb>==>          anyone      (pod lifecycle notifications, PodChanged)
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from libs.events.schema import ContainerResponse, InventoryRecorded
+from libs.kube.pods import Pod
+from libs.ledger.state import LedgerSnapshot
+
+__all__ = [
+    "AllocateReply",
+    "AllocateRequest",
+    "InventoryReply",
+    "InventoryRequest",
+    "PodChanged",
+    "PodsReply",
+    "PodsRequest",
+    "PrepareReply",
+    "PrepareRequest",
+    "PreStartReply",
+    "PreStartRequest",
+    "ReleaseReply",
+    "ReleaseRequest",
+    "StateReply",
+    "StateRequest",
+]
+
+
+class AllocateRequest(msgspec.Struct, kw_only=True):
+    request_id: str
+    resource: str
+    device_ids: list[str]
+    deadline: float = 0.0  # unix seconds; past it the allocator must not commit (the kubelet gave up)
+
+
+class AllocateReply(msgspec.Struct, kw_only=True):
+    alloc_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    response: ContainerResponse
+
+
+class PreStartRequest(msgspec.Struct, kw_only=True):
+    request_id: str
+    resource: str
+    device_ids: list[str]
+
+
+class PreStartReply(msgspec.Struct, kw_only=True):
+    alloc_id: str
+    pod_uid: str
+    container: str
+    vcuda_socket: str = ""
+
+
+class ReleaseRequest(msgspec.Struct, kw_only=True):
+    pod_uid: str
+    reason: str
+    request_id: str = ""
+
+
+class ReleaseReply(msgspec.Struct, kw_only=True):
+    released: list[str]  # alloc ids; empty when the pod held nothing
+
+
+class InventoryRequest(msgspec.Struct):
+    pass
+
+
+class InventoryReply(msgspec.Struct, kw_only=True):
+    inventory: InventoryRecorded
+    share_mode: bool
+
+
+class StateRequest(msgspec.Struct):
+    pass
+
+
+class StateReply(msgspec.Struct, kw_only=True):
+    snapshot: LedgerSnapshot
+
+
+class PodsRequest(msgspec.Struct, kw_only=True):
+    uid: str = ""          # one pod by uid; empty: every pod on the node
+    phase: str = ""        # filter by status.phase
+    fresh: bool = False    # list from the API server instead of the watch cache
+
+
+class PodsReply(msgspec.Struct, kw_only=True):
+    pods: list[Pod]
+
+
+class PrepareRequest(msgspec.Struct, kw_only=True):
+    pod_uid: str
+    alloc_seq: int = 0  # the grant's seq: the vmanager waits until it has folded at least this far
+
+
+class PrepareReply(msgspec.Struct, kw_only=True):
+    directory: str
+    socket: str
+
+
+class PodChanged(msgspec.Struct, kw_only=True):
+    """Published by the watchdog on ``gpuledger.<node>.pod.<added|updated|deleted>`` (core NATS)."""
+
+    kind: str  # ADDED | MODIFIED | DELETED
+    pod: Pod

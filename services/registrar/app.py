@@ -1,0 +1,77 @@
+"""Registrar composition root: NATS -> device catalog (from the allocator) -> plugin servers -> kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from libs.bus import Bus
+from libs.commands import InventoryReply, InventoryRequest
+from libs.config import Settings
+from libs.errors import BusError
+from libs.events.codec import EventRecord, from_record
+from libs.events.schema import InventoryRecorded
+from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
+from libs.log import get_logger
+from libs.runtime import Supervisor
+from services.registrar.catalog import DeviceCatalog
+from services.registrar.kubelet import KubeletRegistration
+from services.registrar.plugin import DevicePlugin
+
+__all__ = ["RegistrarService", "service"]
+
+_log = get_logger("registrar")
+
+
+@dataclass
+class RegistrarService:
+    catalog: DeviceCatalog
+    kubelet: KubeletRegistration
+    supervisor: Supervisor
+
+
+async def _load_catalog(bus: Bus, catalog: DeviceCatalog, timeout: float) -> None:
+    """Ask the allocator for the inventory until it answers (it may start after us)."""
+    delay, waited = 0.1, 0.0
+    while True:
+        try:
+            reply = await bus.request(bus.subjects.inventory, InventoryRequest(), InventoryReply, timeout=timeout)
+            await catalog.update(reply.inventory)
+            return
+        except BusError as exc:
+            if waited >= 5.0:
+                _log.info("waiting for the allocator's GPU inventory", error=str(exc))
+                waited = 0.0
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 2.0)
+
+
+async def _serve(bus: Bus, catalog: DeviceCatalog, kubelet: KubeletRegistration, timeout: float) -> None:
+    async def on_inventory(msg) -> None:  # type: ignore[no-untyped-def]
+        stored = from_record(msgspec.json.decode(msg.data, type=EventRecord))
+        if isinstance(stored.event, InventoryRecorded):
+            await catalog.update(stored.event)
+
+    await bus.nc.subscribe(bus.subjects.event("inventory.recorded"), cb=on_inventory)
+    await _load_catalog(bus, catalog, timeout)
+    await kubelet.run()
+
+
+@asynccontextmanager
+async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
+    async with AsyncExitStack() as stack:
+        bus = await Bus.connect(settings.nats_url, name="registrar", node=settings.node_name)
+        stack.push_async_callback(bus.close)
+        supervisor = Supervisor("registrar")
+        stack.push_async_callback(supervisor.aclose)
+        catalog = DeviceCatalog()
+        plugins = [DevicePlugin(r, catalog, bus, settings) for r in (RESOURCE_VCORE, RESOURCE_VMEMORY)]
+        kubelet = KubeletRegistration(Path(settings.device_plugin_dir), plugins)
+        supervisor.spawn(_serve(bus, catalog, kubelet, settings.request_timeout), "kubelet")
+        yield RegistrarService(catalog=catalog, kubelet=kubelet, supervisor=supervisor)

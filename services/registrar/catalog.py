@@ -1,0 +1,65 @@
+"""The device IDs the registrar advertises, as gpu-manager names them (gpu-manager-reference.md 2.3).
+
+vcore: 100 per GPU, ``tencent.com/vcuda-core-<i>``; vmemory: one per 256 MiB of the summed GPU memory,
+``tencent.com/vcuda-memory-268435456-<i>``. The IDs mean nothing by themselves: the kubelet picks which
+ones a container gets and only their count matters, which is why they are checked, never interpreted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from libs.config import MEMORY_BLOCK
+from libs.events.schema import InventoryRecorded
+from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
+
+__all__ = ["DeviceCatalog", "InvalidDevices"]
+
+
+class InvalidDevices(ValueError):
+    pass
+
+
+class DeviceCatalog:
+    """What is advertised per resource; ListAndWatch streams wait on ``changed``."""
+
+    def __init__(self) -> None:
+        self.inventory: InventoryRecorded | None = None
+        self.version = 0
+        self.changed = asyncio.Condition()
+        self._ids: dict[str, tuple[str, ...]] = {RESOURCE_VCORE: (), RESOURCE_VMEMORY: ()}
+        self._known: dict[str, frozenset[str]] = {RESOURCE_VCORE: frozenset(), RESOURCE_VMEMORY: frozenset()}
+
+    async def update(self, inventory: InventoryRecorded) -> None:
+        if inventory == self.inventory:
+            return
+        gpus = len(inventory.gpus)
+        blocks = sum(g.memory for g in inventory.gpus) // MEMORY_BLOCK
+        self._ids = {
+            RESOURCE_VCORE: tuple(f"{RESOURCE_VCORE}-{i}" for i in range(gpus * 100)),
+            RESOURCE_VMEMORY: tuple(f"{RESOURCE_VMEMORY}-{MEMORY_BLOCK}-{i}" for i in range(blocks)),
+        }
+        self._known = {name: frozenset(ids) for name, ids in self._ids.items()}
+        async with self.changed:
+            self.inventory = inventory
+            self.version += 1
+            self.changed.notify_all()
+
+    def ids(self, resource: str) -> tuple[str, ...]:
+        return self._ids[resource]
+
+    def check(self, resource: str, device_ids: list[str]) -> None:
+        """Refuse what the kubelet could never have sent: nothing, duplicates, IDs never advertised."""
+        if not device_ids:
+            raise InvalidDevices(f"no {resource} device IDs in the request")
+        if len(set(device_ids)) != len(device_ids):
+            dupes = sorted({d for d in device_ids if device_ids.count(d) > 1})
+            raise InvalidDevices(f"duplicate device IDs: {', '.join(dupes[:5])}")
+        known = self._known[resource]
+        if len(device_ids) > len(known):
+            raise InvalidDevices(f"{len(device_ids)} {resource} devices asked, {len(known)} exist on this node")
+        unknown = [d for d in device_ids if d not in known]
+        if unknown:
+            shown = ", ".join(repr(d[:80]) for d in unknown[:3])
+            raise InvalidDevices(f"device IDs never advertised for {resource}: {shown}"
+                                 + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""))

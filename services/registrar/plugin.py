@@ -1,0 +1,129 @@
+"""The two DevicePlugin servicers: the only code in gpuledger that translates kubelet protos.
+
+vcore Allocate and PreStartContainer are answered by the allocator over NATS, each within a bounded
+time: the kubelet waits forever on Allocate, so a stuck allocator must turn into a clear gRPC error
+here, never into a hung node. vmemory needs no placement of its own (the allocator reads the memory
+from the pod spec), so, as in gpu-manager, its Allocate returns one empty response after validation.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from libs.bus.client import Bus
+from libs.commands import AllocateReply, AllocateRequest, PreStartReply, PreStartRequest
+from libs.config import Settings
+from libs.errors import BusError, BusTimeout, RemoteError
+from libs.events.schema import ContainerResponse
+from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
+from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from libs.log import get_logger
+from services.registrar.catalog import DeviceCatalog, InvalidDevices
+
+__all__ = ["DevicePlugin", "to_proto"]
+
+_log = get_logger("registrar")
+
+_GRPC_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def to_proto(resp: ContainerResponse) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=resp.envs,
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                for m in resp.mounts],
+        devices=[pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+                 for d in resp.devices],
+        annotations=resp.annotations,
+    )
+
+
+class DevicePlugin(pb_grpc.DevicePluginServicer):
+    def __init__(self, resource: str, catalog: DeviceCatalog, bus: Bus, settings: Settings) -> None:
+        self.resource = resource
+        self.catalog = catalog
+        self.bus = bus
+        self.settings = settings
+        self.options = pb.DevicePluginOptions(
+            pre_start_required=resource == RESOURCE_VCORE, get_preferred_allocation_available=False
+        )
+
+    @property
+    def socket_name(self) -> str:
+        return "vcore.sock" if self.resource == RESOURCE_VCORE else "vmemory.sock"
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
+        return self.options
+
+    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
+        seen = -1
+        while True:
+            async with self.catalog.changed:
+                await self.catalog.changed.wait_for(lambda: self.catalog.version != seen)
+                seen = self.catalog.version
+                ids = self.catalog.ids(self.resource)
+            _log.info("advertising", resource=self.resource, devices=len(ids))
+            yield pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health="Healthy") for i in ids])
+
+    async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
+        # Not advertised (the IDs carry no meaning); answer sensibly if asked anyway.
+        out = []
+        for creq in request.container_requests:
+            chosen = list(creq.must_include_deviceIDs)
+            chosen += [d for d in creq.available_deviceIDs if d not in chosen][: max(0, creq.allocation_size - len(chosen))]
+            out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return pb.PreferredAllocationResponse(container_responses=out)
+
+    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
+        if len(request.container_requests) != 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"expected exactly one container request, got {len(request.container_requests)}")
+        ids = list(request.container_requests[0].devices_ids)
+        await self._check(ids, context)
+        if self.resource == RESOURCE_VMEMORY:
+            return pb.AllocateResponse(container_responses=[pb.ContainerAllocateResponse()])
+        timeout = self.settings.allocate_timeout
+        req = AllocateRequest(request_id=uuid.uuid4().hex, resource=self.resource, device_ids=ids,
+                              deadline=time.time() + timeout)
+        reply = await self._ask(context, self.bus.subjects.allocate, req, AllocateReply, timeout)
+        return pb.AllocateResponse(container_responses=[to_proto(reply.response)])
+
+    async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:
+        ids = list(request.devices_ids)
+        await self._check(ids, context)
+        if self.resource == RESOURCE_VCORE:
+            req = PreStartRequest(request_id=uuid.uuid4().hex, resource=self.resource, device_ids=ids)
+            # The kubelet gives PreStartContainer 30 s; answer well inside it.
+            await self._ask(context, self.bus.subjects.prestart, req, PreStartReply,
+                            min(25.0, 2 * self.settings.request_timeout))
+        return pb.PreStartContainerResponse()
+
+    async def _check(self, ids: list[str], context: grpc.aio.ServicerContext) -> None:
+        try:
+            self.catalog.check(self.resource, ids)
+        except InvalidDevices as exc:
+            _log.warning("request refused", resource=self.resource, error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def _ask(self, context: grpc.aio.ServicerContext, subject: str, req, reply_type, timeout: float):  # type: ignore[no-untyped-def]
+        try:
+            return await self.bus.request(subject, req, reply_type, timeout=timeout)
+        except BusTimeout:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"the allocator did not answer within {timeout:g}s")
+        except RemoteError as exc:
+            await context.abort(_GRPC_CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.message)
+        except BusError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot reach the allocator: {exc}")
+        raise AssertionError("unreachable")  # context.abort raises

@@ -1,0 +1,31 @@
+"""Answering ``watchdog.pods``: the node's pods, from the watch cache or fresh from the API server."""
+
+from __future__ import annotations
+
+import asyncio
+
+from libs.commands import PodsReply, PodsRequest
+from libs.errors import ServiceError
+from libs.kube.source import PodSource
+
+__all__ = ["PodQuery"]
+
+
+class PodQuery:
+    def __init__(self, source: PodSource, timeout: float) -> None:
+        self.source = source
+        self.timeout = timeout
+
+    async def __call__(self, req: PodsRequest) -> PodsReply:
+        try:
+            if req.fresh or not self.source.synced.is_set():
+                pods = await asyncio.wait_for(self.source.list_fresh(), self.timeout)
+            else:
+                pods = list(self.source.pods.values())
+        except Exception as exc:
+            raise ServiceError(503, f"cannot list pods from the API server: {exc}") from exc
+        if req.uid:
+            pods = [p for p in pods if p.uid == req.uid]
+        if req.phase:
+            pods = [p for p in pods if p.status.phase == req.phase]
+        return PodsReply(pods=pods)
