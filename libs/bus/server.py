@@ -86,6 +86,16 @@ class NatsServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    async def kill(self) -> None:
+        """SIGKILL, as a crash would; ``start()`` again reuses the store (and ``port`` if fixed)."""
+        proc, self._proc = self._proc, None
+        if proc and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if self._drain:
+            self._drain.cancel()
+            self._drain = None
+
     async def stop(self, timeout: float = 5.0) -> None:
         proc, self._proc = self._proc, None
         if proc and proc.returncode is None:

@@ -1,0 +1,1 @@
+"""The vmanager: per-pod vcuda.sock servers and the vcuda.config files they write (see app.py)."""

@@ -1,0 +1,54 @@
+"""vmanager composition root: NATS -> folded allocation log -> per-pod vcuda.sock servers -> prepare."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+
+from libs.bus import Bus
+from libs.commands import PrepareRequest
+from libs.config import Settings
+from libs.ledger import LedgerState
+from libs.runtime import Supervisor
+from services.vmanager.containers import ContainerNames
+from services.vmanager.podsockets import PodSockets
+from services.vmanager.prepare import Prepare
+from services.vmanager.register import Registrar, VcudaServicer
+from services.vmanager.tracker import AllocationTracker, holds_allocation
+
+__all__ = ["VmanagerService", "service"]
+
+
+@dataclass
+class VmanagerService:
+    bus: Bus
+    state: LedgerState
+    tracker: AllocationTracker  # .follower (LogFollower), .caught_up (asyncio.Event)
+    sockets: PodSockets
+    registrar: Registrar
+    supervisor: Supervisor
+
+
+@asynccontextmanager
+async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
+    async with AsyncExitStack() as stack:
+        bus = await Bus.connect(settings.nats_url, name="vmanager", node=settings.node_name)
+        stack.push_async_callback(bus.close)
+        state = LedgerState()
+        names = ContainerNames(bus, timeout=settings.request_timeout)
+        registrar = Registrar(state, names, lookup_patience=settings.request_timeout)
+        sockets = PodSockets(
+            settings.vm_root, partial(VcudaServicer, registrar), partial(holds_allocation, state)
+        )
+        stack.push_async_callback(sockets.close)  # after the follower stopped: nothing restarts them
+        tracker = AllocationTracker(bus, state, sockets, settings.vm_root)
+        supervisor = Supervisor("vmanager")
+        stack.push_async_callback(supervisor.aclose)
+        supervisor.spawn(tracker.run(), "follow")
+        sub = await bus.serve(bus.subjects.prepare, PrepareRequest,
+                              Prepare(tracker, sockets, timeout=settings.request_timeout))
+        stack.push_async_callback(sub.unsubscribe)
+        yield VmanagerService(bus=bus, state=state, tracker=tracker, sockets=sockets,
+                              registrar=registrar, supervisor=supervisor)

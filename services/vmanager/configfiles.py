@@ -1,0 +1,81 @@
+"""Writing a container's vcuda.config: inside its pod directory only, atomically, only when it changed.
+
+The CUDA library reads the file with one ``read()`` at any moment, so a reader must see either the
+old bytes or the new ones: write a temporary file next to it, fsync, then ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+__all__ = ["CONFIG_NAME", "container_dir", "write_atomic", "write_container_config"]
+
+CONFIG_NAME = "vcuda.config"
+
+
+def container_dir(pod_dir: Path, entry: str) -> Path:
+    """``<pod_dir>/<entry>``, refused unless it is (and resolves to) a direct child of ``pod_dir``."""
+    target = pod_dir / entry
+    # Defence in depth: callers validated ``entry`` already; re-check the path they would write to.
+    if target.name != entry or target.parent != pod_dir or entry in ("", ".", ".."):
+        raise ValueError(f"{entry!r} is not a plain directory name")
+    if Path(os.path.realpath(target)).parent != Path(os.path.realpath(pod_dir)):
+        raise ValueError(f"{target} does not resolve to a directory inside {pod_dir}")
+    return target
+
+
+def write_container_config(pod_dir: Path, entry: str, data: bytes) -> bool:
+    """Write ``<pod_dir>/<entry>/vcuda.config``; False when it already held exactly ``data``.
+
+    The pod directory must exist (it is created with the pod's socket): a container directory is
+    never created for a pod that is not being served.
+    """
+    target = container_dir(pod_dir, entry)
+    try:
+        os.mkdir(target, 0o755)
+        os.chmod(target, 0o755)  # mkdir's mode is filtered by the umask
+    except FileExistsError:
+        pass
+    info = os.lstat(target)
+    if not stat.S_ISDIR(info.st_mode):  # a symlink or a file where the directory should be
+        raise ValueError(f"{target} exists and is not a directory")
+    container_dir(pod_dir, entry)  # still inside, now that it exists
+    return write_atomic(target / CONFIG_NAME, data)
+
+
+def _current(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except (FileNotFoundError, OSError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> bool:
+    """Replace ``path`` with ``data`` atomically; skip (False) when the bytes are already there."""
+    if _current(path) == data:
+        return False
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)  # readable by the container's user, whoever it is
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    # The rename itself must survive a crash too.
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return True

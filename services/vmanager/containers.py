@@ -1,0 +1,70 @@
+"""Container id -> Kubernetes container name, from the pod's status as the watchdog sees it.
+
+gpu-manager asks the CRI runtime; the vmanager asks the watchdog (``watchdog.pods``) and looks for
+the container status (init or app) whose ``containerID`` is ``<runtime>://<id>``. The kubelet posts
+a new container's id shortly *after* starting it, while the CUDA library registers as soon as the
+process initialises CUDA, so a miss is retried (listing fresh from the API server) for a bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from libs.bus.client import Bus
+from libs.commands import PodsReply, PodsRequest
+from libs.errors import BusError, RemoteError
+from libs.kube.pods import Pod
+
+__all__ = ["ContainerNames", "ContainerUnknown", "WatchdogUnavailable", "find_container_name"]
+
+
+class ContainerUnknown(LookupError):
+    pass
+
+
+class WatchdogUnavailable(Exception):
+    pass
+
+
+def find_container_name(pods: list[Pod], pod_uid: str, container_id: str) -> str | None:
+    for pod in pods:
+        if pod.uid != pod_uid:
+            continue
+        for status in pod.all_statuses():
+            if status.container_id and status.runtime_id == container_id:
+                return status.name
+    return None
+
+
+class ContainerNames:
+    def __init__(self, bus: Bus, *, timeout: float) -> None:
+        self.bus = bus
+        self.timeout = timeout
+
+    async def lookup(self, pod_uid: str, container_id: str, *, patience: float) -> str:
+        """The container's name; retried for up to ``patience`` seconds while the status lacks it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(patience, 0.0)
+        delay, fresh = 0.1, False
+        while True:
+            remaining = max(deadline - loop.time(), 0.05)
+            try:
+                reply = await self.bus.request(
+                    self.bus.subjects.pods, PodsRequest(uid=pod_uid, fresh=fresh), PodsReply,
+                    timeout=min(self.timeout, remaining),
+                )
+                pods = reply.pods
+            except RemoteError as exc:
+                if exc.code != 404:  # 404: the watchdog does not know the pod (yet)
+                    message = f"the watchdog cannot list pod {pod_uid}: {exc.message}"
+                    raise WatchdogUnavailable(message) from exc
+                pods = []
+            except BusError as exc:
+                raise WatchdogUnavailable(f"the watchdog did not answer for pod {pod_uid}: {exc}") from exc
+            name = find_container_name(pods, pod_uid, container_id)
+            if name is not None:
+                return name
+            if loop.time() + delay >= deadline:
+                raise ContainerUnknown(f"container id {container_id} is not a container of pod {pod_uid}")
+            await asyncio.sleep(delay)
+            delay, fresh = min(delay * 2, 1.0), True

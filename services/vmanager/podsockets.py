@@ -1,0 +1,154 @@
+"""One gRPC vcuda.sock server per pod, at ``<vm_root>/<pod_uid>/vcuda.sock``; started once, stopped once.
+
+gpu-manager starts a new server on every PreStartContainer and leaves the previous one running on an
+unlinked socket (gpu-manager-reference.md 5.2). Here ``ensure`` is idempotent: a pod has at most one
+server, restarted only when its socket file disappeared. All changes go through one lock, and a pod
+is only (re)started while the folded log says it still holds an allocation, so a prepare racing a
+release can never leave a server behind.
+
+The pod directory is bind-mounted into the pod's containers at /etc/vcuda. It is created once and
+never recreated for a live pod (a new directory would be invisible behind the existing mounts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from libs.log import get_logger
+from libs.vcuda import api_pb2_grpc as pb_grpc
+from services.vmanager.cleanup import remove_pod_dir
+from services.vmanager.names import is_pod_uid
+
+__all__ = ["SOCKET_NAME", "PodGone", "PodPaths", "PodSockets", "SocketPathTooLong"]
+
+SOCKET_NAME = "vcuda.sock"
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+
+_log = get_logger("vmanager")
+
+ServicerFactory = Callable[[str, Path], pb_grpc.VCUDAServiceServicer]
+
+
+class SocketPathTooLong(ValueError):
+    pass
+
+
+class PodGone(LookupError):
+    """The pod no longer holds any allocation: nothing to serve."""
+
+
+@dataclass(frozen=True)
+class PodPaths:
+    directory: Path
+    socket: Path
+
+
+@dataclass
+class _Running:
+    server: grpc.aio.Server
+    inode: int | None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+class PodSockets:
+    def __init__(
+        self,
+        vm_root: Path,
+        servicer_for: ServicerFactory,
+        holds_allocation: Callable[[str], bool],
+        *,
+        grace: float = 1.0,
+    ) -> None:
+        self.vm_root = vm_root
+        self.servicer_for = servicer_for
+        self.holds_allocation = holds_allocation
+        self.grace = grace
+        self.servers: dict[str, _Running] = {}
+        self._lock = asyncio.Lock()
+
+    def paths(self, pod_uid: str) -> PodPaths:
+        if not is_pod_uid(pod_uid):
+            raise ValueError(f"pod uid {pod_uid!r} is not a UUID")
+        directory = self.vm_root / pod_uid
+        return PodPaths(directory=directory, socket=directory / SOCKET_NAME)
+
+    async def ensure(self, pod_uid: str) -> PodPaths:
+        """The pod's directory and a listening socket, started now unless already running."""
+        paths = self.paths(pod_uid)
+        size = len(str(paths.socket).encode())
+        if size > MAX_SOCKET_PATH:
+            raise SocketPathTooLong(
+                f"socket path {paths.socket} is too long: {size} bytes, "
+                f"unix sockets allow at most {MAX_SOCKET_PATH}; "
+                "use a shorter vm directory"
+            )
+        async with self._lock:
+            if not self.holds_allocation(pod_uid):
+                raise PodGone(f"pod {pod_uid} holds no GPU allocation")
+            running = self.servers.get(pod_uid)
+            if running is not None:
+                if running.inode is not None and _inode(paths.socket) == running.inode:
+                    return paths
+                _log.warning("vcuda.sock vanished; restarting its server",
+                             pod_uid=pod_uid, socket=str(paths.socket))
+                await self._stop(pod_uid)
+            await self._start(pod_uid, paths)
+        return paths
+
+    async def _start(self, pod_uid: str, paths: PodPaths) -> None:
+        if paths.directory.is_symlink():
+            raise ValueError(f"{paths.directory} is a symlink; refusing to serve a pod through it")
+        paths.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chmod(paths.directory, 0o755)
+        with contextlib.suppress(FileNotFoundError):
+            paths.socket.unlink()  # left by a previous run: nobody listens on it
+        server = grpc.aio.server(
+            maximum_concurrent_rpcs=32,  # callers are the pod's own processes; bound what they can queue
+            options=[("grpc.max_receive_message_length", 64 * 1024)],
+        )
+        pb_grpc.add_VCUDAServiceServicer_to_server(self.servicer_for(pod_uid, paths.directory), server)
+        try:
+            server.add_insecure_port(f"unix://{paths.socket}")
+            await server.start()
+            os.chmod(paths.socket, 0o777)  # the containers' processes run as any user
+        except BaseException:
+            await server.stop(None)
+            raise
+        self.servers[pod_uid] = _Running(server=server, inode=_inode(paths.socket))
+        _log.info("serving vcuda.sock", pod_uid=pod_uid, socket=str(paths.socket))
+
+    async def _stop(self, pod_uid: str) -> None:
+        running = self.servers.pop(pod_uid, None)
+        if running is not None:
+            await running.server.stop(self.grace)
+
+    async def teardown(self, pod_uid: str) -> None:
+        """Stop the pod's server and delete its directory (the pod holds nothing any more)."""
+        async with self._lock:
+            await self._stop(pod_uid)
+            if await asyncio.to_thread(remove_pod_dir, self.vm_root, pod_uid):
+                _log.info("removed pod directory", pod_uid=pod_uid)
+
+    async def retain(self, live: set[str]) -> None:
+        """Tear down every running server whose pod is not in ``live``."""
+        for pod_uid in [p for p in self.servers if p not in live]:
+            await self.teardown(pod_uid)
+
+    async def close(self) -> None:
+        """Stop every server; directories stay (the pods' containers still mount them)."""
+        async with self._lock:
+            servers, self.servers = self.servers, {}
+            await asyncio.gather(*(r.server.stop(self.grace) for r in servers.values()))

@@ -1,0 +1,114 @@
+"""The allocation log as the vmanager follows it, and what each fold means for the pods' sockets.
+
+The log (through JetStream) is the only source of truth: no kubelet checkpoint, no SQLite file.
+Events are folded from seq 0 into a ``LedgerState``. Until the follower has caught up with the
+stream's last seq at start, nothing reacts (a long history would start and stop servers for pods
+long gone); at that point one reconciliation runs:
+
+- running servers of pods without allocations are stopped, their directories removed;
+- ``<vm_root>/<uuid>`` directories of pods without allocations are removed (only when the log has any
+  event at all: an empty or missing stream proves nothing about the pods whose directories exist);
+- other entries of the vm root are left alone (one warning each);
+- every pod holding allocations gets its server back (recovery after a vmanager restart).
+
+After that, a grant prepares its pod at once (the socket exists before PreStartContainer) and the
+release of a pod's last allocation stops its server and removes its directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from nats.js.errors import NotFoundError
+
+from libs.bus.client import Bus
+from libs.bus.follow import LogFollower
+from libs.events.codec import StoredEvent
+from libs.events.schema import AllocationGranted, AllocationReleased
+from libs.ledger.state import LedgerState
+from libs.log import get_logger
+from services.vmanager.cleanup import scan_vm_root
+from services.vmanager.podsockets import PodGone, PodSockets
+
+__all__ = ["AllocationTracker", "holds_allocation", "stream_last_seq"]
+
+_log = get_logger("vmanager")
+
+
+def holds_allocation(state: LedgerState, pod_uid: str) -> bool:
+    return any(a.pod_uid == pod_uid for a in state.allocations.values())
+
+
+async def stream_last_seq(bus: Bus) -> int:
+    """The stream's last seq now; 0 when the stream does not exist yet (nothing to catch up)."""
+    try:
+        return (await bus.js.stream_info(bus.subjects.stream)).state.last_seq
+    except NotFoundError:
+        return 0
+
+
+class AllocationTracker:
+    def __init__(self, bus: Bus, state: LedgerState, sockets: PodSockets, vm_root: Path) -> None:
+        self.bus = bus
+        self.state = state
+        self.sockets = sockets
+        self.vm_root = vm_root
+        self.follower = LogFollower(bus, self._on_event, after_seq=0)
+        self.caught_up = asyncio.Event()
+        self.target = 0
+        self._warned: set[str] = set()
+
+    def holds_allocation(self, pod_uid: str) -> bool:
+        return holds_allocation(self.state, pod_uid)
+
+    async def run(self) -> None:
+        self.target = await stream_last_seq(self.bus)
+        _log.info("following the allocation log", catch_up_to=self.target)
+        if self.target == 0:
+            await self._reconcile()
+        await self.follower.run()
+
+    async def _on_event(self, stored: StoredEvent) -> None:
+        self.state.apply(stored)
+        if not self.caught_up.is_set():
+            if stored.seq >= self.target:
+                await self._reconcile()
+            return
+        ev = stored.event
+        if isinstance(ev, AllocationGranted):
+            await self._prepare(ev.pod_uid)
+        elif isinstance(ev, AllocationReleased) and not self.holds_allocation(ev.pod_uid):
+            await self._teardown(ev.pod_uid)
+
+    async def _reconcile(self) -> None:
+        live = self.state.pods()
+        await self.sockets.retain(live)
+        pod_dirs, others = await asyncio.to_thread(scan_vm_root, self.vm_root)
+        for name in sorted(others - self._warned):
+            _log.warning("leaving an entry of the vm directory alone: not named like a pod UID",
+                         path=str(self.vm_root / name))
+        self._warned |= others
+        if self.state.seq > 0:
+            for pod_uid in sorted(pod_dirs - live):
+                await self._teardown(pod_uid)
+        for pod_uid in sorted(live):
+            await self._prepare(pod_uid)
+        _log.info("caught up with the allocation log", seq=self.state.seq, pods=len(live),
+                  removed=len(pod_dirs - live) if self.state.seq > 0 else 0)
+        self.caught_up.set()
+
+    # A failure here concerns one pod: log it and keep following (PreStartContainer will report it).
+    async def _prepare(self, pod_uid: str) -> None:
+        try:
+            await self.sockets.ensure(pod_uid)
+        except PodGone:
+            pass
+        except (OSError, ValueError, RuntimeError) as exc:
+            _log.error("cannot serve vcuda.sock", pod_uid=pod_uid, error=str(exc))
+
+    async def _teardown(self, pod_uid: str) -> None:
+        try:
+            await self.sockets.teardown(pod_uid)
+        except (OSError, ValueError) as exc:
+            _log.error("cannot remove pod directory", pod_uid=pod_uid, error=str(exc))

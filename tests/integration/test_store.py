@@ -1,0 +1,148 @@
+"""The SQLite event log: durability rules enforced by SQLite itself, group commit, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from libs.errors import CorruptLog, StoreError
+from libs.events.schema import AllocationReleased
+from libs.ledger.state import LedgerState
+from libs.store import EventLog, open_reader, replay, seq_at_time
+from libs.store.rows import GENESIS_HASH, chain_hash
+from libs.store.writer import LogWriter
+
+
+def released(i: int, pod: str = "p") -> AllocationReleased:
+    return AllocationReleased(alloc_id=f"a{i}", pod_uid=pod, container="c", reason="deleted")
+
+
+@pytest.fixture
+async def log(tmp_path: Path):  # type: ignore[no-untyped-def]
+    opened = await EventLog.open(tmp_path / "ledger.sqlite")
+    yield opened
+    await opened.close()
+
+
+async def test_concurrent_appends_get_dense_seq_and_per_stream_versions(log: EventLog) -> None:
+    results = await asyncio.gather(*(log.append([released(i, pod=f"p{i % 4}")]) for i in range(300)))
+    seqs = sorted(r[0].seq for r in results)
+    assert seqs == list(range(1, 301))
+    rows = sqlite3.connect(log.path).execute("SELECT stream_id, version FROM events ORDER BY seq").fetchall()
+    per_stream: dict[str, list[int]] = {}
+    for stream, version in rows:
+        per_stream.setdefault(stream, []).append(version)
+    assert all(v == list(range(1, 76)) for v in per_stream.values())
+
+
+async def test_a_batch_is_atomic_and_a_command_is_written_once(log: EventLog) -> None:
+    first = await log.append([released(1), released(2)], command_id="req-1")
+    again = await log.append([released(3)], command_id="req-1")
+    assert [e.seq for e in again] == [e.seq for e in first] == [1, 2]
+    assert log.last_seq == 2
+
+
+async def test_sqlite_refuses_edits_gaps_and_time_travel(log: EventLog) -> None:
+    await log.append([released(1), released(2)])
+    conn = sqlite3.connect(log.path)
+    for sql, text in [
+        ("UPDATE events SET type = 'x' WHERE seq = 1", "append-only"),
+        ("DELETE FROM events WHERE seq = 2", "append-only"),
+        ("INSERT INTO events SELECT seq + 5, stream_id, version + 5, type, schema_v, randomblob(16), NULL, "
+         "recorded_at, payload, hash FROM events WHERE seq = 2", "max\\(seq\\) \\+ 1"),
+        ("INSERT INTO events SELECT seq + 1, stream_id, version + 5, type, schema_v, randomblob(16), NULL, "
+         "recorded_at - 1, payload, hash FROM events WHERE seq = 2", "backwards"),
+    ]:
+        with pytest.raises(sqlite3.DatabaseError, match=text):
+            conn.execute(sql)
+    conn.close()
+
+
+async def test_time_never_goes_backwards_even_if_the_clock_does(tmp_path: Path) -> None:
+    await EventLog.open(tmp_path / "l.sqlite")  # schema
+    ticks = iter([5_000, 4_000, 6_000])
+    writer = LogWriter(tmp_path / "l.sqlite", clock=lambda: next(ticks))
+    writer.start(asyncio.get_running_loop())
+    try:
+        times = [(await writer.append([released(i)]))[0].recorded_at for i in range(3)]
+    finally:
+        writer.stop()
+    assert times == [5_000, 5_000, 6_000]
+
+
+async def test_the_hash_chain_covers_every_row(log: EventLog) -> None:
+    await log.append([released(i) for i in range(5)])
+    conn = sqlite3.connect(log.path)
+    prev = GENESIS_HASH
+    for row in conn.execute("SELECT seq, recorded_at, stream_id, version, type, schema_v, event_id, command_id, "
+                            "payload, hash FROM events ORDER BY seq"):
+        prev = chain_hash(prev, row[:-1])
+        assert prev == row[-1]
+
+
+async def test_replay_rebuilds_and_stops_at_a_time(log: EventLog) -> None:
+    await log.append([released(1)])
+    cut = log.last_seq
+    conn = open_reader(log.path)
+    t_cut = conn.execute("SELECT recorded_at FROM events WHERE seq = ?", (cut,)).fetchone()[0]
+    conn.close()
+    await asyncio.sleep(0.01)
+    await log.append([released(2), released(3)])
+    seen: list[int] = []
+    assert replay(log.path, lambda e: seen.append(e.seq)) == 3
+    assert seen == [1, 2, 3]
+    seen.clear()
+    replay(log.path, lambda e: seen.append(e.seq), upto_time=t_cut)
+    assert seen == [1]
+    assert seq_at_time(open_reader(log.path), 0) == 0
+
+
+async def test_state_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    first = await EventLog.open(path)
+    await first.append([released(1), released(2)])
+    await first.close()
+    second = await EventLog.open(path)
+    try:
+        assert second.last_seq == 2
+        stored = await second.append([released(3)])
+        assert stored[0].seq == 3
+        assert [e.seq for e in await second.read_after(1)] == [2, 3]
+        state = LedgerState()
+        assert await second.replay(state.apply) == 3
+    finally:
+        await second.close()
+
+
+async def test_a_corrupt_payload_is_reported_with_its_seq(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    log = await EventLog.open(path)
+    await log.append([released(1)])
+    await log.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER events_dense_seq")  # a damaged file, written by something that is not us
+    conn.execute("INSERT INTO events VALUES (2, 's', 1, 'alloc.released', 1, randomblob(16), NULL, "
+                 "(SELECT recorded_at FROM events WHERE seq = 1), x'c1c1c1', x'00')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptLog, match="seq=2"):
+        replay(path, lambda e: None)
+
+
+def test_reading_a_missing_log_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no event log at"):
+        open_reader(tmp_path / "nothing.sqlite")
+
+
+async def test_a_log_in_another_format_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    await (await EventLog.open(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'format'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="log format 99"):
+        await EventLog.open(path)

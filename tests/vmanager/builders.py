@@ -1,0 +1,182 @@
+"""Events, pods and helpers for the vmanager tests (realistic shapes, fixed node "node-a")."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgspec
+
+from libs.events.schema import (
+    AllocationGranted,
+    AllocationReleased,
+    ContainerResponse,
+    GpuInfo,
+    GpuShare,
+    InventoryRecorded,
+    MountSpec,
+)
+from libs.kube.pods import Pod
+from libs.vcuda import api_pb2 as pb
+from libs.vcuda import api_pb2_grpc as pb_grpc
+
+NODE = "node-a"
+GIB = 1 << 30
+BLOCK = 256 << 20
+DRIVER = "550.54.15"
+GPUS = (
+    GpuInfo(index=0, minor=0, uuid="GPU-5e1b0a8c-3a6f-4f8e-9c1d-0a1b2c3d4e5f", pci_bus_id="00000000:17:00.0",
+            memory=80 * GIB, name="NVIDIA A100-SXM4-80GB"),
+    GpuInfo(index=1, minor=1, uuid="GPU-7f2c1b9d-4b70-4a9f-8d2e-1b2c3d4e5f60", pci_bus_id="00000000:31:00.0",
+            memory=80 * GIB, name="NVIDIA A100-SXM4-80GB"),
+)
+
+
+def new_pod_uid() -> str:
+    return str(uuid.uuid4())
+
+
+def new_container_id() -> str:
+    return uuid.uuid4().hex + uuid.uuid4().hex  # 64 hex, as containerd
+
+
+def inventory(driver: str = DRIVER) -> InventoryRecorded:
+    return InventoryRecorded(node=NODE, backend="fake", driver_version=driver, gpus=GPUS,
+                             links=(("X", "NV12"), ("NV12", "X")))
+
+
+def granted(
+    pod_uid: str,
+    container: str,
+    *,
+    cores: int = 30,
+    memory: int = 4 * BLOCK,
+    core_limit: int | None = None,
+    index: int = 0,
+    init: bool = False,
+) -> AllocationGranted:
+    shares, left, gpu = [], cores, 0
+    while left > 0:
+        part = min(left, 100)
+        shares.append(GpuShare(index=gpu, uuid=GPUS[gpu].uuid, minor=gpu, cores=part,
+                               memory=memory if cores < 100 else GPUS[gpu].memory))
+        left -= part
+        gpu += 1
+    return AllocationGranted(
+        alloc_id=uuid.uuid4().hex,
+        request_id=uuid.uuid4().hex,
+        pod_uid=pod_uid,
+        namespace="ml",
+        pod_name="train-0",
+        container=container,
+        container_index=index,
+        init_container=init,
+        cores=cores,
+        memory=memory,
+        device_ids=tuple(f"tencent.com/vcuda-core-{i}" for i in range(cores)),
+        shares=tuple(shares),
+        core_limit=core_limit,
+        response=ContainerResponse(
+            mounts=(MountSpec(container_path="/etc/vcuda", host_path=f"/var/lib/gpuledger/vm/{pod_uid}"),),
+            annotations={"tencent.com/vcuda-core": str(cores), "tencent.com/vcuda-memory": str(memory)},
+        ),
+    )
+
+
+def released(grant: AllocationGranted, reason: str = "deleted") -> AllocationReleased:
+    return AllocationReleased(alloc_id=grant.alloc_id, pod_uid=grant.pod_uid, container=grant.container,
+                              reason=reason)
+
+
+def pod(uid: str, containers: dict[str, str], init: dict[str, str] | None = None) -> Pod:
+    """A Pod as the API server returns it; ``containers``/``init``: name -> containerd id."""
+
+    def spec(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+            "command": ["python", "train.py"],
+            "resources": {
+                "limits": {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "4"},
+                "requests": {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "4"},
+            },
+            "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+            "terminationMessagePath": "/dev/termination-log",
+            "imagePullPolicy": "IfNotPresent",
+        }
+
+    def status(name: str, cid: str, running: bool) -> dict[str, Any]:
+        state = ({"running": {"startedAt": "2024-05-01T10:00:05Z"}} if running else
+                 {"terminated": {"exitCode": 0, "reason": "Completed", "containerID": f"containerd://{cid}"}})
+        return {
+            "name": name,
+            "containerID": f"containerd://{cid}",
+            "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+            "imageID": "nvcr.io/nvidia/pytorch@sha256:" + "ab" * 32,
+            "ready": running,
+            "restartCount": 0,
+            "started": running,
+            "state": state,
+            "lastState": {},
+        }
+
+    init = init or {}
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "train-0",
+            "namespace": "ml",
+            "uid": uid,
+            "resourceVersion": "184467",
+            "creationTimestamp": "2024-05-01T10:00:00Z",
+            "labels": {"app": "train"},
+            "annotations": {"tencent.com/predicate-time": "1714557600000000000"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "train",
+                                 "uid": str(uuid.uuid4()), "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "schedulerName": "default-scheduler",
+            "restartPolicy": "Always",
+            "initContainers": [spec(n) for n in init],
+            "containers": [spec(n) for n in containers],
+        },
+        "status": {
+            "phase": "Running",
+            "qosClass": "Burstable",
+            "hostIP": "10.0.0.5",
+            "podIP": "10.244.1.7",
+            "startTime": "2024-05-01T10:00:01Z",
+            "initContainerStatuses": [status(n, c, False) for n, c in init.items()],
+            "containerStatuses": [status(n, c, True) for n, c in containers.items()],
+        },
+    }
+    return msgspec.json.decode(json.dumps(doc), type=Pod)
+
+
+def tree(root: Path) -> dict[str, tuple[str, int]]:
+    """Every path under ``root`` (symlinks not followed) with its kind and permission bits."""
+    out: dict[str, tuple[str, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            kind = ("link" if path.is_symlink() else "dir" if path.is_dir()
+                    else "sock" if path.is_socket() else "file")
+            out[str(path.relative_to(root))] = (kind, st.st_mode & 0o7777)
+    return out
+
+
+async def raw_register(socket: Path | str, **fields: str) -> tuple[grpc.StatusCode, str]:
+    """RegisterVDevice with any fields (the client refuses some combinations before sending)."""
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        try:
+            await pb_grpc.VCUDAServiceStub(channel).RegisterVDevice(pb.VDeviceRequest(**fields), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
