@@ -86,14 +86,20 @@ class Allocator:
         cores = len(req.device_ids)
         delay, fresh = 0.05, False
         while True:
-            pods = await self._pending_pods(fresh=fresh)
-            async with self.lock:
-                candidate = find_candidate(pods, self.state, cores)
-                if candidate is not None:
-                    return await self._grant(req, candidate, deadline)
-            # The pod may not have reached the watchdog's cache yet: ask the API server directly.
+            try:
+                pods = await self._pending_pods(fresh=fresh)
+            except ServiceError as exc:
+                unavailable: ServiceError | None = exc  # the watchdog may still be starting: retry in time
+            else:
+                unavailable = None
+                async with self.lock:
+                    candidate = find_candidate(pods, self.state, cores)
+                    if candidate is not None:
+                        return await self._grant(req, candidate, deadline)
+            # The pod may not have reached the watchdog's cache yet: ask the API server directly next.
             if time.time() + delay > deadline - 0.5:
-                raise ServiceError(404, f"candidate pod not found for request of {cores} vcuda-core, allocation failed")
+                raise unavailable or ServiceError(
+                    404, f"candidate pod not found for request of {cores} vcuda-core, allocation failed")
             await asyncio.sleep(delay)
             delay, fresh = min(delay * 2, 0.5), True
 
@@ -138,7 +144,7 @@ class Allocator:
         try:
             reply = await self.bus.request(
                 self.bus.subjects.pods, PodsRequest(phase="Pending", fresh=fresh), PodsReply,
-                timeout=self.settings.request_timeout,
+                timeout=min(self.settings.request_timeout, self.settings.allocate_timeout / 2),
             )
         except BusError as exc:
             raise ServiceError(503, f"cannot list the node's pending pods from the watchdog: {exc}") from exc

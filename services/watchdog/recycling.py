@@ -28,6 +28,14 @@ def _wants_gpu(pod: Pod) -> bool:
     return any(c.vcore > 0 for c in (*pod.spec.init_containers, *pod.spec.containers))
 
 
+def _reason(pod: Pod) -> str:
+    if pod.metadata.deletion_timestamp:
+        return "deleted"  # the API's MODIFIED with deletionTimestamp comes before its DELETED
+    if pod.status.phase in ("Succeeded", "Failed"):
+        return pod.status.phase.lower()
+    return "terminated"
+
+
 class Recycler:
     def __init__(self, bus: Bus, timeout: float) -> None:
         self.bus = bus
@@ -45,7 +53,7 @@ class Recycler:
             await self.release(pod.uid, "deleted")
             self._released.discard(pod.uid)
         elif new is not None and not is_active(new) and pod.uid not in self._released:
-            reason = new.status.phase.lower() if new.status.phase in ("Succeeded", "Failed") else "terminated"
+            reason = _reason(new)
             if await self.release(pod.uid, reason):
                 self._released.add(pod.uid)
 

@@ -1,0 +1,3 @@
+from gpuledger.cli import main
+
+main()

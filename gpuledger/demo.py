@@ -1,0 +1,193 @@
+"""``gpuledger up --demo``: walk a multi-container GPU pod through a simulated node and narrate it.
+
+Everything goes through the real interfaces: pods are created and deleted with a Kubernetes client
+(lightkube) against the simulator's API; the simulated kubelet calls our registrar over gRPC; events
+are read the way an operator would, with a plain NATS subscription; the container registration goes
+through the pod's real vcuda.sock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import click
+import msgspec
+import nats
+from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Pod as KubePod
+
+from libs.bus.client import Bus
+from libs.commands import StateReply, StateRequest
+from libs.config import MIB, Settings
+from libs.events.codec import EventRecord
+from libs.events.subjects import Subjects
+from libs.kube.pods import RESOURCE_VCORE
+from libs.vcuda.client import register_vdevice
+from libs.vcuda.config import decode as decode_vcuda_config
+
+__all__ = ["DEMO_POD", "NEXT_POD", "run_demo"]
+
+DEMO_POD: dict[str, Any] = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "demo-train", "namespace": "default"},
+    "spec": {"containers": [
+        {"name": "trainer", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
+         "resources": {"limits": {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}}},
+        {"name": "evaluator", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
+         "resources": {"limits": {"tencent.com/vcuda-core": "100"}}},
+    ]},
+}
+NEXT_POD: dict[str, Any] = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "demo-next", "namespace": "default"},
+    "spec": {"containers": [
+        {"name": "notebook", "image": "jupyter/base-notebook",
+         "resources": {"limits": {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}}},
+    ]},
+}
+
+
+def say(text: str = "", **style: Any) -> None:
+    click.secho(text, **style)
+
+
+class EventPrinter:
+    """Counts and prints committed events as a plain NATS subscriber sees them."""
+
+    def __init__(self) -> None:
+        self.seen: list[EventRecord] = []
+        self._arrived = asyncio.Condition()
+
+    async def on_msg(self, msg: Any) -> None:
+        rec = msgspec.json.decode(msg.data, type=EventRecord)
+        data = rec.data
+        detail = {
+            "alloc.granted": lambda: f"{data['namespace']}/{data['pod_name']}:{data['container']} "
+                                     f"cores={data['cores']} GPU{','.join(str(s['index']) for s in data['shares'])}",
+            "alloc.released": lambda: f"pod {data['pod_uid'][:8]}…:{data['container']} ({data['reason']})",
+            "alloc.refused": lambda: data["reason"],
+            "inventory.recorded": lambda: f"{len(data['gpus'])} GPUs ({data['backend']})",
+        }.get(rec.type, lambda: "")()
+        say(f"    [nats {msg.subject}] seq={rec.seq} {detail}", fg="cyan")
+        async with self._arrived:
+            self.seen.append(rec)
+            self._arrived.notify_all()
+
+    async def wait_for(self, type_name: str, count: int, timeout: float) -> None:
+        async with asyncio.timeout(timeout), self._arrived:
+            await self._arrived.wait_for(lambda: sum(r.type == type_name for r in self.seen) >= count)
+
+
+async def _wait(fetch: Callable[[], Any], ok: Callable[[Any], bool], timeout: float, what: str) -> Any:
+    async with asyncio.timeout(timeout):
+        while True:
+            value = await fetch()
+            if ok(value):
+                return value
+            await asyncio.sleep(0.2)
+    raise AssertionError(what)  # pragma: no cover
+
+
+async def _pod(client: AsyncClient, name: str, phase: str, timeout: float = 30) -> KubePod:
+    async def fetch() -> KubePod:
+        return await client.get(KubePod, name=name, namespace="default")
+
+    try:
+        return await _wait(fetch, lambda p: p.status and p.status.phase in (phase, "Failed"), timeout, name)
+    except TimeoutError:
+        pod = await fetch()
+        raise click.ClickException(f"pod {name} did not reach {phase}: {pod.status}") from None
+
+
+def _show_response(name: str, opts: dict[str, Any]) -> None:
+    say(f"  container {name}:", bold=True)
+    say(f"    devices     {', '.join(d['container_path'] for d in opts.get('devices', []))}")
+    for key, value in sorted(opts.get("envs", {}).items()):
+        say(f"    env         {key}={value}")
+    for m in opts.get("mounts", []):
+        say(f"    mount       {m['container_path']} <- {m['host_path']} ({'ro' if m.get('read_only') else 'rw'})")
+    for key, value in sorted(opts.get("annotations", {}).items()):
+        say(f"    annotation  {key}={value}")
+
+
+async def _show_gpus(bus: Bus, timeout: float) -> None:
+    snap = (await bus.request(bus.subjects.state, StateRequest(), StateReply, timeout=timeout)).snapshot
+    for g in snap.gpus:
+        bar = "#" * (g.cores_used // 10) + "." * (10 - min(10, g.cores_used // 10))
+        say(f"    GPU{g.index} [{bar}] cores {g.cores_used:>3}/100  memory {g.memory_used // MIB:>6}/"
+            f"{g.memory_total // MIB} MiB")
+
+
+async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
+    subjects = Subjects(settings.node_name)
+    printer = EventPrinter()
+    nc = await nats.connect(settings.nats_url, name="demo")
+    bus = await Bus.connect(settings.nats_url, name="demo-state", node=settings.node_name)
+    client = AsyncClient(config=KubeConfig.from_file(kubeconfig))
+    http = aiohttp.ClientSession(base_url=api_url)
+    try:
+        for subject in subjects.event_subjects():
+            await nc.subscribe(subject, cb=printer.on_msg)
+        say("\n1. Waiting for the registrar to register with the simulated kubelet…", bold=True)
+
+        async def resources() -> dict[str, Any]:
+            async with http.get("/simulator/v1/resources") as resp:
+                return await resp.json()
+
+        res = await _wait(resources, lambda r: r.get(RESOURCE_VCORE, {}).get("allocatable", 0) > 0, 60, "registration")
+        for name, counts in sorted(res.items()):
+            say(f"    {name}: {counts['allocatable']} devices advertised")
+
+        say("\n2. Creating pod default/demo-train: trainer (50 cores + 4 x 256 MiB) and evaluator (100 cores)",
+            bold=True)
+        await client.create(KubePod.from_dict(DEMO_POD))
+        pod = await _pod(client, "demo-train", "Running")
+        if pod.status.phase != "Running":
+            raise click.ClickException(f"demo-train was not admitted: {pod.status.reason}: {pod.status.message}")
+        uid = pod.metadata.uid
+        say(f"    admitted and running (uid {uid}); the kubelet handed the containers:")
+        for c in ("trainer", "evaluator"):
+            async with http.get(f"/simulator/v1/pods/default/demo-train/containers/{c}") as resp:
+                _show_response(c, await resp.json())
+        await printer.wait_for("alloc.granted", 2, 10)
+        await _show_gpus(bus, settings.request_timeout)
+
+        say("\n3. The trainer's CUDA library registers through the pod's vcuda.sock", bold=True)
+        cid = next(s.containerID for s in pod.status.containerStatuses if s.name == "trainer").split("://")[-1]
+        pod_dir = settings.vm_root / uid
+        await register_vdevice(str(pod_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=10)
+        cfg = decode_vcuda_config((pod_dir / cid / "vcuda.config").read_bytes())
+        say(f"    wrote {pod_dir / cid / 'vcuda.config'} (8240 bytes):")
+        say(f"    utilization={cfg.utilization} gpu_memory={cfg.gpu_memory // MIB} MiB hard_limit={cfg.hard_limit}"
+            f" enable={cfg.enable} container_name={cfg.container_name}")
+
+        say("\n4. Deleting the pod: the watchdog sees it go and its GPU shares are recycled at once", bold=True)
+        await client.delete(KubePod, name="demo-train", namespace="default")
+        await printer.wait_for("alloc.released", 2, 20)
+        await _show_gpus(bus, settings.request_timeout)
+        gone = await _wait(lambda: _exists(pod_dir), lambda e: not e, 10, "vm dir removal")
+        say(f"    {pod_dir} removed: {not gone}")
+
+        say("\n5. A new pod gets the recycled share", bold=True)
+        await client.create(KubePod.from_dict(NEXT_POD))
+        nxt = await _pod(client, "demo-next", "Running")
+        if nxt.status.phase != "Running":
+            raise click.ClickException(f"demo-next was not admitted: {nxt.status.message}")
+        await printer.wait_for("alloc.granted", 3, 10)
+        await _show_gpus(bus, settings.request_timeout)
+        say("\nDemo complete.", bold=True, fg="green")
+    finally:
+        await http.close()
+        await client.close()
+        await bus.close()
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+
+async def _exists(path: Path) -> bool:
+    return path.exists()

@@ -1,0 +1,338 @@
+"""The pod-facing half of the simulated kubelet: admission, container start and pod deletion.
+
+* Admission is serial, in creation order, one pod at a time (the kubelet's HandlePodAdditions):
+  device-manager Allocate for every init container, then every app container. Any error rejects
+  the pod: phase Failed, reason UnexpectedAdmissionError, message
+  "Pod was rejected: Allocate failed due to <error>, which is unexpected". No retry.
+* After admission each pod gets its own worker task (so one pod's PreStartContainer may overlap
+  the next pod's admission, as in a kubelet): init containers one by one, then app containers.
+  A container whose device options fail (PreStartContainer error, stopped endpoint ...) stays
+  waiting with reason CreateContainerConfigError, which is what the kubelet reports for errors
+  from GenerateRunContainerOptions. The simulator does not retry it (a kubelet would, with
+  backoff); the pod stays Pending.
+* Deleting a pod: deletionTimestamp set and running containers terminated (one MODIFIED), then
+  the object is removed (DELETED). Devices come back only at the next GC trigger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from .config import SimConfig
+from .devicemanager import AllocationError, ContainerStartError, DeviceManager
+from .errors import ApiError
+from .log import logger
+from .podspec import app_containers, init_containers, is_sidecar, pod_key, pod_uid
+from .podstatus import container_id, pod_conditions, pod_phase, running, terminated, waiting
+from .store import PodStore, now_rfc3339
+
+__all__ = ["REJECT_REASON", "Kubelet", "is_pod_active"]
+
+REJECT_REASON = "UnexpectedAdmissionError"
+CREATE_CONFIG_ERROR = "CreateContainerConfigError"
+
+_log = logger("kubelet")
+
+
+def is_pod_active(pod: dict[str, Any]) -> bool:
+    """Not terminal, and not a deleted pod whose containers have all stopped."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return False
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+        if not any("running" in (s.get("state") or {}) for s in statuses):
+            return False
+    return True
+
+
+class Kubelet:
+    def __init__(self, cfg: SimConfig, store: PodStore, manager: DeviceManager) -> None:
+        self._cfg = cfg
+        self._store = store
+        self._manager = manager
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._admission_task: asyncio.Task[None] | None = None
+        # Held for each pod's admission; kubelet restart takes it so it never splits an admission.
+        self.admission_lock = asyncio.Lock()
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._removals: dict[str, asyncio.Task[None]] = {}
+        self.run_options: dict[tuple[str, str], dict[str, Any]] = {}
+        self._next_ip = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._admission_task = asyncio.create_task(self._admission_loop(), name="kubelet-admission")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._admission_task, *self._workers.values(), *self._removals.values()) if t]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        self._admission_task = None
+
+    # -- which pods are ours and alive ---------------------------------------------------------
+
+    def bound_here(self, pod: dict[str, Any]) -> bool:
+        return (pod.get("spec") or {}).get("nodeName") == self._cfg.node_name
+
+    def active_pods(self) -> list[dict[str, Any]]:
+        """This node's active pods in creation order (the kubelet's GetActivePods)."""
+        return self._store.list(lambda p: self.bound_here(p) and is_pod_active(p))
+
+    def active_pod_uids(self) -> set[str]:
+        return {pod_uid(p) for p in self.active_pods()}
+
+    def is_uid_active(self, uid: str) -> bool:
+        pod = self._store.get_by_uid(uid)
+        return pod is not None and self.bound_here(pod) and is_pod_active(pod)
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def pod_created(self, pod: dict[str, Any]) -> None:
+        if self.bound_here(pod):
+            self._queue.put_nowait(pod_uid(pod))
+
+    async def _admission_loop(self) -> None:
+        while True:
+            uid = await self._queue.get()
+            try:
+                async with self.admission_lock:
+                    pod = self._store.get_by_uid(uid)
+                    if pod is None or not is_pod_active(pod):
+                        continue  # deleted or finished before its turn
+                    admitted = await self._admit(pod)
+                if admitted:
+                    worker = asyncio.create_task(self._run_pod(uid), name=f"pod-{uid}")
+                    self._workers[uid] = worker
+                    worker.add_done_callback(lambda _t, u=uid: self._workers.pop(u, None))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _log.exception("admission crashed", pod=uid)
+
+    async def _admit(self, pod: dict[str, Any]) -> bool:
+        ns, name = pod_key(pod)
+        for container in [*init_containers(pod), *app_containers(pod)]:
+            try:
+                await self._manager.allocate(pod, container)
+            except AllocationError as err:
+                self._reject(ns, name, REJECT_REASON, f"Allocate failed due to {err}, which is unexpected")
+                return False
+        _log.info("pod admitted", pod=f"{ns}/{name}")
+        return True
+
+    def _reject(self, ns: str, name: str, reason: str, message: str) -> None:
+        _log.info("pod rejected", pod=f"{ns}/{name}", reason=reason, message=message)
+
+        def mutate(p: dict[str, Any]) -> None:
+            qos = (p.get("status") or {}).get("qosClass")
+            p["status"] = {"phase": "Failed", "reason": reason, "message": "Pod was rejected: " + message}
+            if qos:
+                p["status"]["qosClass"] = qos
+
+        with contextlib.suppress(ApiError):
+            self._store.update(ns, name, mutate)
+
+    # -- container start -----------------------------------------------------------------------
+
+    def _pod_ip(self) -> str:
+        self._next_ip += 1
+        return f"10.88.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
+
+    async def _run_pod(self, uid: str) -> None:
+        try:
+            await self._start_pod_containers(uid)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            _log.exception("pod worker crashed", pod=uid)
+
+    async def _start_pod_containers(self, uid: str) -> None:
+        pod = self._store.get_by_uid(uid)
+        if pod is None:
+            return
+        ns, name = pod_key(pod)
+        inits = init_containers(pod)
+        apps = app_containers(pod)
+        init_st = {c["name"]: waiting(c, "PodInitializing") for c in inits}
+        app_st = {c["name"]: waiting(c, "PodInitializing" if inits else "ContainerCreating") for c in apps}
+        extra = {"startTime": now_rfc3339(), "hostIP": "127.0.0.1", "podIP": self._pod_ip()}
+        extra["podIPs"] = [{"ip": extra["podIP"]}]
+        extra["hostIPs"] = [{"ip": "127.0.0.1"}]
+        if not self._write_status(pod, init_st, app_st, extra):
+            return
+        for container in inits:
+            started = now_rfc3339()
+            error = await self._start_container(pod, container)
+            if error is not None:
+                init_st[container["name"]] = waiting(container, CREATE_CONFIG_ERROR, error)
+                self._write_status(pod, init_st, app_st, extra)
+                return
+            cid = container_id()
+            if is_sidecar(container):
+                init_st[container["name"]] = running(container, cid, started)
+            else:
+                # The simulated program exits 0 at once; the next init container starts after it.
+                init_st[container["name"]] = terminated(container, cid, started, now_rfc3339())
+            if not self._write_status(pod, init_st, app_st, extra):
+                return
+        for container in apps:
+            started = now_rfc3339()
+            error = await self._start_container(pod, container)
+            if error is not None:
+                app_st[container["name"]] = waiting(container, CREATE_CONFIG_ERROR, error)
+            else:
+                app_st[container["name"]] = running(container, container_id(), started)
+        self._write_status(pod, init_st, app_st, extra)
+
+    async def _start_container(self, pod: dict[str, Any], container: dict[str, Any]) -> str | None:
+        """Device options for one container (PreStartContainer included); the error text or None."""
+        uid = pod_uid(pod)
+        if not self.is_uid_active(uid):
+            return "pod is no longer active"
+        try:
+            opts = await self._manager.run_container_options(pod, container, self.is_uid_active)
+        except (ContainerStartError, AllocationError) as err:
+            _log.info("container start failed", pod=uid, container=container["name"], error=str(err))
+            return str(err)
+        self.run_options[(uid, container["name"])] = opts
+        return None
+
+    def _write_status(
+        self, pod: dict[str, Any], init_st: dict[str, Any], app_st: dict[str, Any], extra: dict[str, Any]
+    ) -> bool:
+        """Publish the container states; False when the pod is gone or being deleted."""
+        ns, name = pod_key(pod)
+        current = self._store.peek(ns, name)
+        if current is None or current["metadata"].get("uid") != pod_uid(pod):
+            return False
+        if current["metadata"].get("deletionTimestamp"):
+            return False
+
+        def mutate(p: dict[str, Any]) -> None:
+            status = p.setdefault("status", {})
+            status.update(extra)
+            status["phase"] = pod_phase(pod, init_st, app_st)
+            status["conditions"] = pod_conditions(
+                pod, init_st, app_st, now_rfc3339(), status.get("conditions")
+            )
+            if init_st:
+                status["initContainerStatuses"] = [init_st[c["name"]] for c in init_containers(pod)]
+            status["containerStatuses"] = [app_st[c["name"]] for c in app_containers(pod)]
+
+        self._store.update(ns, name, mutate)
+        return True
+
+    # -- containers exiting on their own -------------------------------------------------------
+
+    def set_phase(
+        self, ns: str, name: str, phase: str, reason: str = "", message: str = ""
+    ) -> dict[str, Any]:
+        """Report a phase as the kubelet would after the containers' own exit: for Succeeded every
+        running container terminates with exit code 0, for Failed with 1; other phases are set as is.
+        A terminal pod is no longer active, so its devices return at the next GC trigger."""
+        pod = self._store.peek(ns, name)
+        if pod is None:
+            raise ApiError.not_found("pods", name)
+        if phase in ("Succeeded", "Failed"):
+            worker = self._workers.pop(pod_uid(pod), None)
+            if worker is not None:
+                worker.cancel()
+        now = now_rfc3339()
+        exit_code, exit_reason = (0, "Completed") if phase == "Succeeded" else (1, "Error")
+
+        def mutate(p: dict[str, Any]) -> None:
+            status = p.setdefault("status", {})
+            status["phase"] = phase
+            if reason:
+                status["reason"] = reason
+            if message:
+                status["message"] = message
+            if phase not in ("Succeeded", "Failed"):
+                return
+            for key in ("initContainerStatuses", "containerStatuses"):
+                for st in status.get(key) or []:
+                    _terminate(st, now, exit_code, exit_reason)
+            _unready(status, now)
+
+        return self._store.update(ns, name, mutate)
+
+    # -- deletion ------------------------------------------------------------------------------
+
+    def begin_delete(self, ns: str, name: str) -> dict[str, Any]:
+        """Mark the pod terminating and stop its containers; the removal follows (maybe later)."""
+        pod = self._store.get(ns, name)
+        if pod is None:
+            raise ApiError.not_found("pods", name)
+        uid = pod_uid(pod)
+        if uid in self._removals or pod["metadata"].get("deletionTimestamp"):
+            return pod
+        worker = self._workers.pop(uid, None)
+        if worker is not None:
+            worker.cancel()
+        now = now_rfc3339()
+
+        def mutate(p: dict[str, Any]) -> None:
+            p["metadata"]["deletionTimestamp"] = now
+            p["metadata"]["deletionGracePeriodSeconds"] = 0
+            status = p.setdefault("status", {})
+            for key in ("initContainerStatuses", "containerStatuses"):
+                for st in status.get(key) or []:
+                    _terminate(st, now, 0, "Completed")
+            _unready(status, now)
+
+        terminating = self._store.update(ns, name, mutate)
+        if self._cfg.deletion_delay > 0:
+            task = asyncio.create_task(self._remove_later(ns, name, uid), name=f"delete-{uid}")
+            self._removals[uid] = task
+            task.add_done_callback(lambda _t: self._removals.pop(uid, None))
+        else:
+            self._remove(ns, name, uid)
+        return terminating
+
+    async def delete(self, ns: str, name: str) -> None:
+        pod = self.begin_delete(ns, name)
+        task = self._removals.get(pod_uid(pod))
+        if task is not None:
+            await task
+
+    async def _remove_later(self, ns: str, name: str, uid: str) -> None:
+        await asyncio.sleep(self._cfg.deletion_delay)
+        self._remove(ns, name, uid)
+
+    def _remove(self, ns: str, name: str, uid: str) -> None:
+        current = self._store.peek(ns, name)
+        if current is not None and current["metadata"].get("uid") == uid:
+            self._store.remove(ns, name)
+        for key in [k for k in self.run_options if k[0] == uid]:
+            del self.run_options[key]
+
+
+def _terminate(st: dict[str, Any], now: str, exit_code: int, reason: str) -> None:
+    """Turn a running container status into a terminated one (others are left alone)."""
+    state = st.get("state") or {}
+    if "running" not in state:
+        return
+    st["state"] = {
+        "terminated": {
+            "exitCode": exit_code,
+            "reason": reason,
+            "startedAt": state["running"].get("startedAt", now),
+            "finishedAt": now,
+            "containerID": st.get("containerID", ""),
+        }
+    }
+    st["ready"] = False
+    st["started"] = False
+
+
+def _unready(status: dict[str, Any], now: str) -> None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") in ("Ready", "ContainersReady") and cond.get("status") == "True":
+            cond["status"] = "False"
+            cond["lastTransitionTime"] = now

@@ -1,0 +1,91 @@
+"""Fixtures for the node-simulator tests: a short plugin dir, a running simulator, fake plugins."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulator import NodeSimulator, SimConfig
+
+from .fakeplugin import FakePlugin
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    # Unix socket paths must stay under 108 bytes: pytest's tmp_path is too long.
+    path = Path(tempfile.mkdtemp(prefix="sim", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def sim_config(plugin_dir: Path) -> SimConfig:
+    return SimConfig(
+        device_plugin_dir=plugin_dir / "dp",
+        pod_resources_socket=plugin_dir / "pr" / "kubelet.sock",
+        seed=7,
+        dial_timeout=1.0,
+        allocate_timeout=5.0,
+    )
+
+
+@pytest.fixture
+async def sim(sim_config: SimConfig) -> AsyncIterator[NodeSimulator]:
+    async with NodeSimulator(sim_config) as node:
+        yield node
+
+
+@pytest.fixture
+async def make_plugin(sim: NodeSimulator) -> AsyncIterator[Callable[..., Awaitable[FakePlugin]]]:
+    """Start (and by default register) fake plugins; all are stopped at the end."""
+    plugins: list[FakePlugin] = []
+
+    async def make(resource: str = "example.com/gpu", *, register: bool = True, wait: bool = True,
+                   **kwargs: Any) -> FakePlugin:
+        plugin = FakePlugin(sim.cfg.device_plugin_dir, resource, **kwargs)
+        plugins.append(plugin)
+        await plugin.start()
+        if register:
+            await plugin.register()
+            if wait:
+                await sim.wait_for_resource(resource, len(plugin.devices), timeout=5)
+        return plugin
+
+    yield make
+    for plugin in plugins:
+        await plugin.stop()
+
+
+def pod_manifest(
+    name: str,
+    containers: list[dict[str, Any]] | None = None,
+    *,
+    init: list[dict[str, Any]] | None = None,
+    namespace: str = "default",
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": containers or [ctr("main")]}
+    if init:
+        spec["initContainers"] = init
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def ctr(name: str, limits: dict[str, int | str] | None = None, *, sidecar: bool = False) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "busybox"}
+    if limits:
+        c["resources"] = {"limits": {k: str(v) for k, v in limits.items()}}
+    if sidecar:
+        c["restartPolicy"] = "Always"
+    return c
+
+
+def phase_is(*phases: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda pod: (pod.get("status") or {}).get("phase") in phases
