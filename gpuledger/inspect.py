@@ -8,14 +8,13 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
 import msgspec
 
 from libs.config import MIB
-from libs.events.codec import StoredEvent, format_time, to_record
+from libs.events.codec import StoredEvent, format_time, parse_time, to_record
 from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, InventoryRecorded
 from libs.ledger.state import LedgerSnapshot, LedgerState
 from libs.store import iter_events, open_reader, replay
@@ -66,18 +65,6 @@ def follow_events(path: Path, *, since: int, as_json: bool, poll: float = 0.3) -
     while True:
         time.sleep(poll)
         last = print_events(path, since=last, as_json=as_json)
-
-
-def parse_time(text: str) -> int:
-    """ISO-8601 (``2026-11-22T14:00:00Z``, local time if no zone) or unix seconds -> unix ns."""
-    try:
-        return int(float(text) * 1e9)
-    except ValueError:
-        pass
-    try:
-        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1e9)
-    except ValueError as exc:
-        raise ValueError(f"not a time: {text!r} (use ISO-8601 like 2026-11-22T14:00:00Z, or unix seconds)") from exc
 
 
 def replay_state(path: Path, *, at: int | None = None, seq: int | None = None) -> LedgerSnapshot:

@@ -7,6 +7,7 @@ passed through the registered upcasters one version at a time, then converted to
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "decode_body",
     "encode_body",
     "format_time",
+    "parse_time",
     "register_upcaster",
     "to_record",
     "from_record",
@@ -104,7 +106,34 @@ def _upcast(type_name: str, version: int, data: dict[str, Any], seq: int) -> Any
 
 
 def format_time(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """RFC 3339 UTC with all nine digits, so a printed time names exactly one instant of the log."""
+    seconds, frac = divmod(ns, 1_000_000_000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
+
+
+def parse_time(text: str) -> int:
+    """ISO-8601 (``2026-11-22T14:00:00.123456789Z``; local time without a zone) or unix seconds -> ns.
+
+    Up to nine fractional digits are kept exactly (``datetime`` alone stops at microseconds).
+    """
+    try:
+        return int(float(text) * 1e9) if _NUMBER.match(text) else _parse_iso(text)
+    except ValueError as exc:
+        raise ValueError(f"not a time: {text!r} (use ISO-8601 like 2026-11-22T14:00:00Z, or unix seconds)") from exc
+
+
+_NUMBER = re.compile(r"^\d+(\.\d*)?$")
+_FRACTION = re.compile(r"\.(\d{1,9})")
+
+
+def _parse_iso(text: str) -> int:
+    text = text.strip().replace("Z", "+00:00")
+    nanos = 0
+    m = _FRACTION.search(text)
+    if m:
+        nanos = int(m.group(1).ljust(9, "0"))
+        text = text[: m.start()] + text[m.end():]
+    return int(datetime.fromisoformat(text).timestamp()) * 1_000_000_000 + nanos
 
 
 def to_record(stored: StoredEvent) -> EventRecord:

@@ -84,7 +84,10 @@ class Allocator:
             return _reply(earlier)
         deadline = req.deadline or time.time() + self.settings.allocate_timeout
         cores = len(req.device_ids)
-        delay, fresh = 0.05, False
+        # First the watchdog's cache; on a miss at once the API server itself (the kubelet admits a
+        # pod as soon as it sees it, often before the watch event reaches the watchdog); then the
+        # same with growing pauses until the kubelet's deadline.
+        delay, fresh = 0.0, False
         while True:
             try:
                 pods = await self._pending_pods(fresh=fresh)
@@ -101,7 +104,8 @@ class Allocator:
                 raise unavailable or ServiceError(
                     404, f"candidate pod not found for request of {cores} vcuda-core, allocation failed")
             await asyncio.sleep(delay)
-            delay, fresh = min(delay * 2, 0.5), True
+            delay = min(delay * 2, 0.5) if delay else (0.05 if fresh else 0.0)
+            fresh = True
 
     async def _grant(self, req: AllocateRequest, cand: Candidate, deadline: float) -> AllocateReply:
         pod, container = cand.pod, cand.container

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from libs.errors import CorruptLog
 from libs.events import codec
-from libs.events.codec import StoredEvent, decode_body, encode_body, from_record, to_record
+from libs.events.codec import StoredEvent, decode_body, encode_body, from_record, parse_time, to_record
 from libs.events.schema import EVENT_TYPES, AllocationReleased
 from libs.events.subjects import Subjects, escape_token, unescape_token
 
@@ -22,7 +22,8 @@ def test_body_round_trip_and_record_round_trip() -> None:
     rec = to_record(stored)
     assert rec.type == "alloc.released" and rec.data == {"alloc_id": "a1", "pod_uid": "u1", "container": "c",
                                                           "reason": "deleted"}
-    assert rec.time == "2023-11-14T22:13:20.123457Z"
+    assert rec.time == "2023-11-14T22:13:20.123456789Z"
+    assert parse_time(rec.time) == stored.recorded_at
     assert from_record(msgspec.json.decode(msgspec.json.encode(rec), type=codec.EventRecord)) == stored
 
 
@@ -68,3 +69,23 @@ def test_node_names_with_dots() -> None:
     assert s.allocate == "gpuledger.ip-10-0-0-1_2Eec2_2Einternal.allocator.allocate"
     assert s.event("alloc.granted") == "gpuledger.ip-10-0-0-1_2Eec2_2Einternal.alloc.granted"
     assert s.stream == "GPULEDGER_ip-10-0-0-1_2Eec2_2Einternal"
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [
+        ("2023-11-14T22:13:20Z", 1_700_000_000 * 10**9),
+        ("2023-11-14T22:13:20.5Z", 1_700_000_000 * 10**9 + 500_000_000),
+        ("2023-11-14T22:13:20.000000001+00:00", 1_700_000_000 * 10**9 + 1),
+        ("2023-11-15T00:13:20+02:00", 1_700_000_000 * 10**9),
+        ("1700000000", 1_700_000_000 * 10**9),
+    ],
+)
+def test_times_parse_exactly(text: str, ns: int) -> None:
+    assert parse_time(text) == ns
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2023-13-40T00:00:00Z", ""])
+def test_bad_times_are_named(text: str) -> None:
+    with pytest.raises(ValueError, match="not a time"):
+        parse_time(text)
