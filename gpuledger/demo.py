@@ -32,24 +32,23 @@ from libs.vcuda.config import decode as decode_vcuda_config
 
 __all__ = ["DEMO_POD", "NEXT_POD", "run_demo"]
 
-DEMO_POD: dict[str, Any] = {
-    "apiVersion": "v1", "kind": "Pod",
-    "metadata": {"name": "demo-train", "namespace": "default"},
-    "spec": {"containers": [
-        {"name": "trainer", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
-         "resources": {"limits": {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}}},
-        {"name": "evaluator", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
-         "resources": {"limits": {"tencent.com/vcuda-core": "100"}}},
-    ]},
-}
-NEXT_POD: dict[str, Any] = {
-    "apiVersion": "v1", "kind": "Pod",
-    "metadata": {"name": "demo-next", "namespace": "default"},
-    "spec": {"containers": [
-        {"name": "notebook", "image": "jupyter/base-notebook",
-         "resources": {"limits": {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}}},
-    ]},
-}
+def _pod(name: str, *containers: tuple[str, str, dict[str, str]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": c, "image": image, "resources": {"limits": limits}}
+                                for c, image, limits in containers]},
+    }
+
+
+CUDA = "nvidia/cuda:12.4.1-base-ubuntu22.04"
+DEMO_POD = _pod(
+    "demo-train",
+    ("trainer", CUDA, {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}),
+    ("evaluator", CUDA, {"tencent.com/vcuda-core": "100"}),
+)
+NEXT_POD = _pod(
+    "demo-next", ("notebook", "jupyter/base-notebook", {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}),
+)
 
 
 def say(text: str = "", **style: Any) -> None:

@@ -117,36 +117,37 @@ async def _tap(url: str, stack: AsyncExitStack) -> EventTap:
     return tap
 
 
+async def _base(stack: AsyncExitStack, root: Path, url: str, settings: Settings) -> Node:
+    sim = await _start_sim(root)
+    stack.push_async_callback(sim.stop)
+    tap = await _tap(url, stack)
+    bus = await Bus.connect(url, name="test", node=NODE)
+    stack.push_async_callback(bus.close)
+    return Node(sim=sim, settings=settings, bus=bus, tap=tap)
+
+
 @pytest.fixture
 async def node(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
     settings = settings_for(short_dir, nats_server.url)
     async with AsyncExitStack() as stack:
-        sim = await _start_sim(short_dir)
-        stack.push_async_callback(sim.stop)
-        tap = await _tap(nats_server.url, stack)
-        bus = await Bus.connect(nats_server.url, name="test", node=NODE)
-        stack.push_async_callback(bus.close)
-        services = {
+        node = await _base(stack, short_dir, nats_server.url, settings)
+        node.services = {
             "allocator": await stack.enter_async_context(allocator_app.service(settings)),
             "watchdog": await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=1.0)),
             "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
             "registrar": await stack.enter_async_context(registrar_app.service(settings)),
         }
-        await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
-        yield Node(sim=sim, settings=settings, bus=bus, tap=tap, services=services)
+        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
+        yield node
 
 
 @pytest.fixture
 async def node_processes(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
     settings = settings_for(short_dir, nats_server.url, log_format="json")
     async with AsyncExitStack() as stack:
-        sim = await _start_sim(short_dir)
-        stack.push_async_callback(sim.stop)
-        tap = await _tap(nats_server.url, stack)
-        bus = await Bus.connect(nats_server.url, name="test", node=NODE)
-        stack.push_async_callback(bus.close)
-        launcher = Launcher(settings, embedded_nats=False, log_dir=short_dir / "logs")
-        stack.push_async_callback(launcher.stop)
-        await launcher.start_services()
-        await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
-        yield Node(sim=sim, settings=settings, bus=bus, tap=tap, launcher=launcher)
+        node = await _base(stack, short_dir, nats_server.url, settings)
+        node.launcher = Launcher(settings, embedded_nats=False, log_dir=short_dir / "logs")
+        stack.push_async_callback(node.launcher.stop)
+        await node.launcher.start_services()
+        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
+        yield node
