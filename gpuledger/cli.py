@@ -197,8 +197,9 @@ def events(state_dir: str, follow: bool, as_json: bool, since: int) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def replay(state_dir: str, at: str | None, seq: int | None, as_json: bool) -> None:
     """Print the allocation state rebuilt from the log (now, or as of a time or seq)."""
-    from gpuledger.inspect import parse_time, print_snapshot, replay_state
+    from gpuledger.inspect import print_snapshot, replay_state
     from libs.errors import GpuledgerError
+    from libs.events.codec import parse_time
 
     try:
         when = parse_time(at) if at else None

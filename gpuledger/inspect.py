@@ -14,12 +14,12 @@ from typing import TextIO
 import msgspec
 
 from libs.config import MIB
-from libs.events.codec import StoredEvent, format_time, parse_time, to_record
+from libs.events.codec import StoredEvent, format_time, to_record
 from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, InventoryRecorded
 from libs.ledger.state import LedgerSnapshot, LedgerState
 from libs.store import iter_events, open_reader, replay
 
-__all__ = ["follow_events", "parse_time", "print_events", "print_snapshot", "replay_state", "summary"]
+__all__ = ["follow_events", "print_events", "print_snapshot", "replay_state", "summary"]
 
 
 def summary(stored: StoredEvent) -> str:

@@ -31,11 +31,13 @@ POLL = 0.2
 REGISTER_TIMEOUT = 15.0  # the kubelet dials back within 10 s
 
 
-def _inode(path: Path) -> int | None:
+def _inode(path: Path) -> tuple[int, int] | None:
+    """A file's identity: inode numbers alone are reused quickly after a delete, so add the ctime."""
     try:
-        return os.stat(path).st_ino
+        st = os.stat(path)
     except FileNotFoundError:
         return None
+    return st.st_ino, st.st_ctime_ns
 
 
 class PluginServer:
@@ -44,7 +46,7 @@ class PluginServer:
     def __init__(self, plugin: DevicePlugin, directory: Path) -> None:
         self.plugin = plugin
         self.path = directory / plugin.socket_name
-        self.inode: int | None = None
+        self.inode: tuple[int, int] | None = None
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
@@ -83,7 +85,7 @@ class KubeletRegistration:
         self.registered = asyncio.Event()
 
     async def run(self) -> None:
-        kubelet_inode: int | None = None
+        kubelet_inode: tuple[int, int] | None = None
         delay = POLL
         try:
             while True:
