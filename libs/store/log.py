@@ -81,9 +81,3 @@ class EventLog:
     async def close(self) -> None:
         await asyncio.to_thread(self._writer.stop)
         await self.queries.close()
-
-    async def __aenter__(self) -> EventLog:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -1,15 +1,14 @@
 """Ad-hoc reads on the event loop: SQLAlchemy Core over aiosqlite.
 
-Used where a query is small and must not block the loop: the outbox relay's "events after seq N",
-the ``log`` request other services use to catch up, the CLI's filters. Bulk replay does not come
-here (see replay.py).
+Used where a query is small and must not block the loop, like the outbox relay's "events after
+seq N". Bulk replay does not come here (see replay.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import event, func, select
+from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from libs.events.codec import StoredEvent
@@ -35,22 +34,11 @@ class LogQueries:
             cur.execute("PRAGMA query_only=ON")  # this engine never writes: the writer thread does
             cur.close()
 
-    async def read_after(
-        self, after_seq: int, limit: int = 512, *, types: list[str] | None = None, stream: str | None = None
-    ) -> list[StoredEvent]:
-        stmt = select(*_COLUMNS).where(events.c.seq > after_seq)
-        if types:
-            stmt = stmt.where(events.c.type.in_(types))
-        if stream:
-            stmt = stmt.where(events.c.stream_id == stream)
-        stmt = stmt.order_by(events.c.seq).limit(limit)
+    async def read_after(self, after_seq: int, limit: int = 512) -> list[StoredEvent]:
+        stmt = select(*_COLUMNS).where(events.c.seq > after_seq).order_by(events.c.seq).limit(limit)
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).all()
         return [row_to_stored(tuple(r)) for r in rows]
-
-    async def last_seq(self) -> int:
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(select(func.max(events.c.seq)))).scalar() or 0)
 
     async def close(self) -> None:
         await self.engine.dispose()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +14,8 @@ from .fakeplugin import FakePlugin
 
 
 @pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    # Unix socket paths must stay under 108 bytes: pytest's tmp_path is too long.
-    path = Path(tempfile.mkdtemp(prefix="sim", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def plugin_dir(short_dir: Path) -> Path:
+    return short_dir  # the root conftest's short temp dir: unix socket paths stay under 108 bytes
 
 
 @pytest.fixture

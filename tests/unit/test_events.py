@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from libs.errors import CorruptLog
 from libs.events import codec
-from libs.events.codec import StoredEvent, decode_body, encode_body, from_record, parse_time, to_record
+from libs.events.codec import (
+    StoredEvent,
+    decode_body,
+    encode_body,
+    from_record,
+    parse_time,
+    register_upcaster,
+    to_record,
+)
 from libs.events.schema import EVENT_TYPES, AllocationReleased
 from libs.events.subjects import Subjects, escape_token, unescape_token
 
@@ -30,8 +38,9 @@ def test_body_round_trip_and_record_round_trip() -> None:
 def test_old_versions_are_upcast_on_read(monkeypatch: pytest.MonkeyPatch) -> None:
     # Pretend alloc.released is at schema 2 today and v1 called the field `why`.
     monkeypatch.setattr(AllocationReleased, "SCHEMA", 2)
-    monkeypatch.setitem(codec._UPCASTERS, ("alloc.released", 1),
-                        lambda d: {**{k: v for k, v in d.items() if k != "why"}, "reason": d["why"]})
+    monkeypatch.setattr(codec, "_UPCASTERS", {})  # a fresh registry, restored after the test
+    register_upcaster("alloc.released", 1,
+                      lambda d: {**{k: v for k, v in d.items() if k != "why"}, "reason": d["why"]})
     old = msgspec.msgpack.encode({"type": "alloc.released", "alloc_id": "a", "pod_uid": "u", "container": "c",
                                   "why": "deleted"})
     assert decode_body("alloc.released", 1, old).reason == "deleted"  # type: ignore[union-attr]
