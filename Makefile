@@ -21,6 +21,7 @@ protos: $(BIN)/gpuledger
 
 bench: $(BIN)/gpuledger
 	$(BIN)/python -m bench.allocate_rtt
+	$(BIN)/python -m bench.replay
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

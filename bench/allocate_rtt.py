@@ -39,7 +39,7 @@ ECHO_METHOD = "/bench.Echo/Echo"
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def summary(name: str, seconds: list[float]) -> dict[str, float | str | int]:
@@ -69,10 +69,10 @@ async def _echo(req: bytes, _context: grpc.aio.ServicerContext) -> bytes:
 
 async def grpc_echo(n: int, workdir: Path) -> list[float]:
     sock = str(workdir / "echo.sock")
-    child = subprocess.Popen([sys.executable, "-c", f"from bench.allocate_rtt import _echo_server; _echo_server({sock!r})"],
-                             stdout=subprocess.PIPE, text=True)
+    code = f"from bench.allocate_rtt import _echo_server; _echo_server({sock!r})"
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=subprocess.PIPE)
     try:
-        assert child.stdout and child.stdout.readline().strip() == "ready"
+        assert child.stdout and (await child.stdout.readline()).strip() == b"ready"
         async with grpc.aio.insecure_channel(f"unix://{sock}") as ch:
             call = ch.unary_unary(ECHO_METHOD)
             for _ in range(200):
@@ -85,7 +85,7 @@ async def grpc_echo(n: int, workdir: Path) -> list[float]:
             return out
     finally:
         child.terminate()
-        child.wait(5)
+        await asyncio.wait_for(child.wait(), 5)
 
 
 # --- the real path ----------------------------------------------------------------------------
@@ -112,7 +112,8 @@ async def allocate_path(n: int, warmup: int, workdir: Path) -> list[float]:
         for i in range(n + warmup):
             created = await sim.create_pod(pod(i))
             name = created["metadata"]["name"]
-            done = await sim.wait_for_pod("bench", name, lambda p: p["status"].get("phase") in ("Running", "Failed"), 30)
+            done = await sim.wait_for_pod(
+                "bench", name, lambda p: p["status"].get("phase") in ("Running", "Failed"), 30)
             if done["status"]["phase"] != "Running":
                 raise RuntimeError(f"{name} failed: {done['status'].get('message')}")
             await sim.delete_pod("bench", name)
@@ -141,7 +142,7 @@ async def main() -> None:
                    await allocate_path(args.pods, args.warmup, workdir))
     results = {"machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
                "rows": [path, floor], "ratio_p50": round(path["p50_ms"] / floor["p50_ms"], 1)}  # type: ignore[operator]
-    print(f"| measurement | n | p50 ms | p99 ms | mean ms |\n|---|---:|---:|---:|---:|")
+    print("| measurement | n | p50 ms | p99 ms | mean ms |\n|---|---:|---:|---:|---:|")
     for row in results["rows"]:  # type: ignore[attr-defined]
         print(f"| {row['name']} | {row['n']} | {row['p50_ms']} | {row['p99_ms']} | {row['mean_ms']} |")
     print(f"\np50 ratio to the floor: {results['ratio_p50']}x   ({results['machine']})")

@@ -126,7 +126,7 @@ async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: boo
 
 async def _wait_file(path: Path, timeout: float) -> None:
     async with asyncio.timeout(timeout):
-        while not path.exists():
+        while not path.exists():  # noqa: ASYNC110 (a file written by another process: poll it)
             await asyncio.sleep(0.1)
 
 

@@ -47,7 +47,8 @@ DEMO_POD = _pod(
     ("evaluator", CUDA, {"tencent.com/vcuda-core": "100"}),
 )
 NEXT_POD = _pod(
-    "demo-next", ("notebook", "jupyter/base-notebook", {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}),
+    "demo-next",
+    ("notebook", "jupyter/base-notebook", {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}),
 )
 
 

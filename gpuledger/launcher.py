@@ -54,7 +54,7 @@ class Child:
         out: int | IO[bytes] | None = None
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = out = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+            self._log_file = out = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 (closed in stop)
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, env={**os.environ, **self.env}, stdin=asyncio.subprocess.DEVNULL,
             stdout=out, stderr=out, start_new_session=True,

@@ -156,7 +156,6 @@ class Kubelet:
         pod = self._store.get_by_uid(uid)
         if pod is None:
             return
-        ns, name = pod_key(pod)
         inits = init_containers(pod)
         apps = app_containers(pod)
         init_st = {c["name"]: waiting(c, "PodInitializing") for c in inits}

@@ -104,7 +104,7 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
         containers = [self._container_resources(uid, c["name"]) for c in shown]
         return pr.PodResources(name=name, namespace=ns, containers=containers)
 
-    async def List(  # noqa: N802
+    async def List(
         self, request: pr.ListPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pr.ListPodResourcesResponse:
         with self._calls.record("List", "", request, str(self._socket)) as rec:
@@ -116,7 +116,7 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
             rec.response = message_dict(resp)
             return resp
 
-    async def GetAllocatableResources(  # noqa: N802
+    async def GetAllocatableResources(
         self, request: pr.AllocatableResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pr.AllocatableResourcesResponse:
         with self._calls.record("GetAllocatableResources", "", request, str(self._socket)) as rec:
@@ -131,7 +131,7 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
             rec.response = message_dict(resp)
             return resp
 
-    async def Get(  # noqa: N802
+    async def Get(
         self, request: pr.GetPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pr.GetPodResourcesResponse:
         with self._calls.record("Get", "", request, str(self._socket)) as rec:

@@ -104,7 +104,7 @@ class RegistrationServer(dp_grpc.RegistrationServicer):
         # grpc unlinks its socket on stop; make sure, since a plugin watches for it.
         remove_socket(self.socket_path)
 
-    async def Register(  # noqa: N802
+    async def Register(
         self, request: dp.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> dp.Empty:
         name = request.resource_name

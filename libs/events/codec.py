@@ -23,10 +23,10 @@ __all__ = [
     "decode_body",
     "encode_body",
     "format_time",
+    "from_record",
     "parse_time",
     "register_upcaster",
     "to_record",
-    "from_record",
 ]
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]

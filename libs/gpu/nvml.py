@@ -7,6 +7,7 @@ hook warns). It is imported when the backend is created, so a test can put a sma
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
@@ -83,10 +84,8 @@ class NvmlBackend:
     def close(self) -> None:
         if self._open:
             self._open = False
-            try:
+            with contextlib.suppress(self._nv.NVMLError):  # nothing left to release
                 self._nv.nvmlShutdown()
-            except self._nv.NVMLError:
-                pass  # nothing left to release
 
     def _required(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         try:

@@ -63,25 +63,32 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
     def socket_name(self) -> str:
         return "vcore.sock" if self.resource == RESOURCE_VCORE else "vmemory.sock"
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> pb.DevicePluginOptions:
         return self.options
 
-    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def ListAndWatch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
         seen = -1
         while True:
             async with self.catalog.changed:
-                await self.catalog.changed.wait_for(lambda: self.catalog.version != seen)
+                await self.catalog.changed.wait_for(lambda seen=seen: self.catalog.version != seen)
                 seen = self.catalog.version
                 ids = self.catalog.ids(self.resource)
             _log.info("advertising", resource=self.resource, devices=len(ids))
             yield pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health="Healthy") for i in ids])
 
-    async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
         # Not advertised (the IDs carry no meaning); answer sensibly if asked anyway.
         out = []
         for creq in request.container_requests:
             chosen = list(creq.must_include_deviceIDs)
-            chosen += [d for d in creq.available_deviceIDs if d not in chosen][: max(0, creq.allocation_size - len(chosen))]
+            room = max(0, creq.allocation_size - len(chosen))
+            chosen += [d for d in creq.available_deviceIDs if d not in chosen][:room]
             out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return pb.PreferredAllocationResponse(container_responses=out)
 
@@ -99,7 +106,9 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         reply = await self._ask(context, self.bus.subjects.allocate, req, AllocateReply, timeout)
         return pb.AllocateResponse(container_responses=[to_proto(reply.response)])
 
-    async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreStartContainerResponse:
         ids = list(request.devices_ids)
         await self._check(ids, context)
         if self.resource == RESOURCE_VCORE:

@@ -123,7 +123,7 @@ class VcudaServicer(pb_grpc.VCUDAServiceServicer):
         self.pod_uid = pod_uid
         self.pod_dir = pod_dir
 
-    async def RegisterVDevice(  # noqa: N802 (the proto's name)
+    async def RegisterVDevice(
         self, request: pb.VDeviceRequest, context: grpc.aio.ServicerContext
     ) -> pb.VDeviceResponse:
         try:

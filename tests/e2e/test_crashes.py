@@ -1,4 +1,7 @@
-"""Services as separate processes: a killed allocator replays to the same state; a frozen one never hangs the kubelet."""
+"""Services as separate processes.
+
+A killed allocator replays to the same state; a frozen one never hangs the kubelet.
+"""
 
 from __future__ import annotations
 

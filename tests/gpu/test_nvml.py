@@ -25,12 +25,12 @@ class NVMLError(Exception):
         self.value = value
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's naming
+class NVMLError_NotSupported(NVMLError):
     def __init__(self) -> None:
         super().__init__(3, "Not Supported")
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+class NVMLError_LibraryNotFound(NVMLError):
     def __init__(self) -> None:
         super().__init__(12, "NVML Shared Library Not Found")
 
@@ -73,41 +73,41 @@ class FakeNvml:
         if name in self.fail:
             raise self.fail[name]
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         self.calls.append("init")
         if self.init_error is not None:
             raise self.init_error
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.calls.append("shutdown")
 
-    def nvmlSystemGetDriverVersion(self) -> Any:  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> Any:
         self._check("driver")
         return self.driver
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
         return SimpleNamespace(i=i)
 
-    def nvmlDeviceGetUUID(self, h: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: Any) -> Any:
         self._check("uuid")
         return self.gpus[h.i]["uuid"]
 
-    def nvmlDeviceGetMinorNumber(self, h: Any) -> int:  # noqa: N802
+    def nvmlDeviceGetMinorNumber(self, h: Any) -> int:
         return int(self.gpus[h.i]["minor"])
 
-    def nvmlDeviceGetPciInfo(self, h: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
         return SimpleNamespace(busId=self.gpus[h.i]["bus"], domain=0)
 
-    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
         return SimpleNamespace(total=self.gpus[h.i]["memory"], free=1, used=0)
 
-    def nvmlDeviceGetName(self, h: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetName(self, h: Any) -> Any:
         return self.gpus[h.i]["name"]
 
-    def nvmlDeviceGetTopologyCommonAncestor(self, a: Any, b: Any) -> int:  # noqa: N802
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: Any, b: Any) -> int:
         key = (min(a.i, b.i), max(a.i, b.i))
         if key not in self.levels:
             raise NVMLError_NotSupported()
@@ -121,14 +121,14 @@ class FakeNvml:
             raise NVMLError(2, "Invalid Argument")
         return links[link]
 
-    def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
         return self._link(h, link)[0]
 
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: Any, link: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: Any, link: int) -> Any:
         remote = self._link(h, link)[1]
         return SimpleNamespace(busId=remote[1] if isinstance(remote, tuple) else remote)
 
-    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: Any, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: Any, link: int) -> int:
         return 2 if isinstance(self._link(h, link)[1], tuple) else 0
 
 

@@ -24,7 +24,7 @@ class Kubelet(pb_grpc.RegistrationServicer):
         self.registered: list[tuple[str, str, bool]] = []
         self.server: grpc.aio.Server | None = None
 
-    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:  # noqa: N802
+    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
         async with grpc.aio.insecure_channel(f"unix://{self.directory / request.endpoint}") as ch:
             options = await pb_grpc.DevicePluginStub(ch).GetDevicePluginOptions(pb.Empty(), timeout=5)
         self.registered.append((request.resource_name, request.endpoint, options.pre_start_required))
@@ -46,7 +46,7 @@ async def wait_until(predicate, timeout: float) -> float:  # type: ignore[no-unt
     loop = asyncio.get_running_loop()
     start = loop.time()
     async with asyncio.timeout(timeout):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 (the condition lives in another component)
             await asyncio.sleep(0.02)
     return loop.time() - start
 

@@ -123,7 +123,7 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
 
     def set_health(self, dev_id: str, health: str) -> None:
         self.set_devices([
-            dp.Device(ID=d.ID, health=health if d.ID == dev_id else d.health, topology=d.topology)
+            dp.Device(ID=d.ID, health=health if dev_id == d.ID else d.health, topology=d.topology)
             for d in self.devices
         ])
 
@@ -135,7 +135,7 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
 
     # -- DevicePlugin --------------------------------------------------------------------------
 
-    async def GetDevicePluginOptions(  # noqa: N802
+    async def GetDevicePluginOptions(
         self, request: dp.Empty, context: Any
     ) -> dp.DevicePluginOptions:
         self.received.append(Received("GetDevicePluginOptions", request))
@@ -143,7 +143,7 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
             await asyncio.sleep(self.options_delay)
         return self.options
 
-    async def ListAndWatch(  # noqa: N802
+    async def ListAndWatch(
         self, request: dp.Empty, context: Any
     ) -> AsyncIterator[dp.ListAndWatchResponse]:
         self.received.append(Received("ListAndWatch", request))
@@ -165,7 +165,7 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
         finally:
             self.streams_open -= 1
 
-    async def GetPreferredAllocation(  # noqa: N802
+    async def GetPreferredAllocation(
         self, request: dp.PreferredAllocationRequest, context: Any
     ) -> dp.PreferredAllocationResponse:
         self.received.append(Received("GetPreferredAllocation", request))
@@ -181,7 +181,7 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
             container_responses=[dp.ContainerPreferredAllocationResponse(deviceIDs=ids)]
         )
 
-    async def Allocate(  # noqa: N802
+    async def Allocate(
         self, request: dp.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> dp.AllocateResponse:
         self.received.append(Received("Allocate", request))
@@ -212,7 +212,7 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
                 )
         return dp.AllocateResponse(container_responses=responses)
 
-    async def PreStartContainer(  # noqa: N802
+    async def PreStartContainer(
         self, request: dp.PreStartContainerRequest, context: grpc.aio.ServicerContext
     ) -> dp.PreStartContainerResponse:
         self.received.append(Received("PreStartContainer", request))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from simulator import NodeSimulator, SimConfig
@@ -72,7 +73,7 @@ async def test_prestart_failure_leaves_container_waiting(make_plugin, sim) -> No
 
     def waiting(pod):
         sts = (pod.get("status") or {}).get("containerStatuses") or []
-        return bool(sts) and "CreateContainerConfigError" == sts[0]["state"].get("waiting", {}).get("reason")
+        return bool(sts) and sts[0]["state"].get("waiting", {}).get("reason") == "CreateContainerConfigError"
 
     pod = await sim.wait_for_pod("default", "p", waiting, timeout=5)
     assert pod["status"]["phase"] == "Pending"
@@ -237,7 +238,7 @@ async def test_admission_is_serial_in_creation_order(make_plugin, sim) -> None:
         await sim.wait_for_pod("default", f"p{i}", phase_is("Running"), timeout=5)
     calls = [c for c in sim.calls if c.method == "Allocate"]
     assert len(calls) == 8
-    for earlier, later in zip(calls, calls[1:], strict=False):
+    for earlier, later in itertools.pairwise(calls):
         assert earlier.end is not None and earlier.end <= later.start  # never overlapping
     uids = [sim.get_pod("default", f"p{i}")["metadata"]["uid"] for i in range(4)]
     order = []
@@ -264,7 +265,7 @@ async def test_preferred_allocation_arguments(make_plugin, sim) -> None:
     init = sim.allocated_device_ids(uid, "init", GPU)
     assert init == ["dev3"]  # the plugin's preference was used
     second = prefs[1].request.container_requests[0]
-    # available = free ∪ reused, must_include = reused, size = the container's whole request.
+    # available = free + reused, must_include = reused, size = the container's whole request.
     assert sorted(second.available_deviceIDs) == ["dev0", "dev1", "dev2", "dev3"]
     assert list(second.must_include_deviceIDs) == ["dev3"] and second.allocation_size == 3
     app = sim.allocated_device_ids(uid, "app", GPU)

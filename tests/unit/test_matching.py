@@ -34,14 +34,19 @@ def pod(name: str, containers: list[tuple[str, int, int]], *, created: str = "20
 
 def state_with(grants: list[tuple[str, str]]) -> LedgerState:
     state = LedgerState()
-    state.apply(StoredEvent(seq=1, recorded_at=1, stream_id="inventory", version=1, event_id="0" * 32, event=InventoryRecorded(
-        node="n", backend="fake", gpus=(GpuInfo(index=0, minor=0, uuid="GPU-0", memory=1 << 34),), links=(("X",),))))
+    gpu = GpuInfo(index=0, minor=0, uuid="GPU-0", memory=1 << 34)
+    inventory = InventoryRecorded(node="n", backend="fake", gpus=(gpu,), links=(("X",),))
+    state.apply(StoredEvent(seq=1, recorded_at=1, stream_id="inventory", version=1, event_id="0" * 32,
+                            event=inventory))
     for i, (uid, container) in enumerate(grants, start=2):
+        grant = AllocationGranted(
+            alloc_id=f"a{i}", request_id=f"r{i}", pod_uid=uid, namespace="default", pod_name=uid,
+            container=container, container_index=0, cores=10, memory=1,
+            device_ids=(f"tencent.com/vcuda-core-{i}",),
+            shares=(GpuShare(index=0, uuid="GPU-0", minor=0, cores=10, memory=1),), response=ContainerResponse(),
+        )
         state.apply(StoredEvent(seq=i, recorded_at=i, stream_id=f"pod:{uid}", version=1, event_id="0" * 32,
-                                event=AllocationGranted(
-            alloc_id=f"a{i}", request_id=f"r{i}", pod_uid=uid, namespace="default", pod_name=uid, container=container,
-            container_index=0, cores=10, memory=1, device_ids=(f"tencent.com/vcuda-core-{i}",),
-            shares=(GpuShare(index=0, uuid="GPU-0", minor=0, cores=10, memory=1),), response=ContainerResponse())))
+                                event=grant))
     return state
 
 

@@ -77,10 +77,12 @@ def test_fold_charges_and_refunds() -> None:
     state.apply(_stored(2, _grant("a", 0, 30, 100)))
     state.apply(_stored(3, _grant("b", 0, 50, 200)))
     assert (state.gpus[0].cores_used, state.gpus[0].memory_used) == (80, 300)
-    assert state.find_by_devices([f"tencent.com/vcuda-core-{i}" for i in range(50)]).alloc_id == "b"  # type: ignore[union-attr]
+    found = state.find_by_devices([f"tencent.com/vcuda-core-{i}" for i in range(50)])
+    assert found is not None and found.alloc_id == "b"
     state.apply(_stored(4, AllocationReleased(alloc_id="a", pod_uid="pod-a", container="c", reason="deleted")))
     assert (state.gpus[0].cores_used, state.gpus[0].memory_used, state.gpus[0].alloc_ids) == (50, 200, ["b"])
-    state.apply(_stored(4, AllocationReleased(alloc_id="b", pod_uid="pod-b", container="c", reason="x")))  # duplicate seq
+    duplicate = AllocationReleased(alloc_id="b", pod_uid="pod-b", container="c", reason="x")
+    state.apply(_stored(4, duplicate))  # a seq already folded: ignored
     assert "b" in state.allocations
     with pytest.raises(ValueError, match="gap"):
         state.apply(_stored(9, AllocationReleased(alloc_id="b", pod_uid="pod-b", container="c", reason="x")))
