@@ -57,3 +57,30 @@ async def test_every_service_stops_cleanly_on_sigterm(node_processes: Node) -> N
     await node_processes.launcher.stop()
     codes = {c.name: c.proc.returncode for c in node_processes.launcher.children if c.proc}
     assert codes == {"allocator": 0, "watchdog": 0, "vmanager": 0, "registrar": 0}
+
+
+async def test_events_follow_prints_new_events_as_they_commit(short_dir: Path) -> None:
+    import asyncio
+
+    from libs.events.schema import AllocationReleased
+    from libs.store import EventLog
+
+    state = short_dir / "state"
+    log = await EventLog.open(state / "ledger.sqlite")
+    proc = None
+    try:
+        await log.append([AllocationReleased(alloc_id="a1", pod_uid="p", container="c", reason="deleted")])
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuledger", "events", "--follow", "--json", "--state-dir", str(state),
+            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+        assert proc.stdout is not None
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 10))
+        assert (first["seq"], first["data"]["alloc_id"]) == (1, "a1")
+        await log.append([AllocationReleased(alloc_id="a2", pod_uid="p", container="c", reason="deleted")])
+        second = json.loads(await asyncio.wait_for(proc.stdout.readline(), 5))
+        assert (second["seq"], second["data"]["alloc_id"]) == (2, "a2")
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+        await log.close()
