@@ -121,7 +121,7 @@ def main() -> None:
         seconds = timed(fn)
         rows.append({"name": name, "seconds": round(seconds, 3), "events_per_s": round(args.events / seconds)})
     size = path.stat().st_size
-    print(f"| read | seconds | events/s |\n|---|---:|---:|")
+    print("| read | seconds | events/s |\n|---|---:|---:|")
     for r in rows:
         print(f"| {r['name']} | {r['seconds']} | {r['events_per_s']:,} |")
     print(f"\n{args.events:,} events, {size / args.events:.0f} bytes/event on disk, written in {write_s:.1f} s "

@@ -1,7 +1,7 @@
 """Serving the plugin sockets and staying registered with the kubelet, across kubelet restarts.
 
 A restarting kubelet deletes every socket in its device-plugin directory (ours included) and creates a
-new ``kubelet.sock``. The keeper notices either sign by polling inodes (a few stat calls every 200 ms,
+new ``kubelet.sock``. The keeper notices either sign by polling file identities (a few stat calls every 200 ms,
 no inotify dependency), re-creates its listeners and registers again, without the process exiting —
 gpu-manager exits and waits for the DaemonSet to restart it.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from pathlib import Path
 
 import grpc
@@ -22,6 +21,7 @@ import grpc
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from libs.log import get_logger
+from libs.unixsock import SocketPathTooLong, check_socket_path, file_identity
 from services.registrar.plugin import DevicePlugin
 
 __all__ = ["KubeletRegistration", "PluginServer"]
@@ -31,27 +31,17 @@ POLL = 0.2
 REGISTER_TIMEOUT = 15.0  # the kubelet dials back within 10 s
 
 
-def _inode(path: Path) -> tuple[int, int] | None:
-    """A file's identity: inode numbers alone are reused quickly after a delete, so add the ctime."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_ctime_ns
-
-
 class PluginServer:
     """One resource's gRPC server on ``<device-plugin-dir>/<socket>``."""
 
     def __init__(self, plugin: DevicePlugin, directory: Path) -> None:
         self.plugin = plugin
         self.path = directory / plugin.socket_name
-        self.inode: tuple[int, int] | None = None
+        self.identity: tuple[int, int] | None = None
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
-        if len(str(self.path).encode()) >= 108:
-            raise OSError(f"socket path {self.path} is too long for a unix socket (108 bytes)")
+        check_socket_path(self.path)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         server = grpc.aio.server()
@@ -59,7 +49,7 @@ class PluginServer:
         server.add_insecure_port(f"unix://{self.path}")
         await server.start()
         self._server = server
-        self.inode = _inode(self.path)
+        self.identity = file_identity(self.path)
         async with grpc.aio.insecure_channel(f"unix://{self.path}") as channel:  # prove it answers
             await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=5)
 
@@ -67,13 +57,13 @@ class PluginServer:
         server, self._server = self._server, None
         if server is not None:
             await server.stop(grace=0.5)
-        if self.inode is not None and _inode(self.path) == self.inode:
+        if self.identity is not None and file_identity(self.path) == self.identity:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-        self.inode = None
+        self.identity = None
 
     def wiped(self) -> bool:
-        return self._server is not None and _inode(self.path) != self.inode
+        return self._server is not None and file_identity(self.path) != self.identity
 
 
 class KubeletRegistration:
@@ -85,21 +75,21 @@ class KubeletRegistration:
         self.registered = asyncio.Event()
 
     async def run(self) -> None:
-        kubelet_inode: tuple[int, int] | None = None
+        kubelet_identity: tuple[int, int] | None = None
         delay = POLL
         try:
             while True:
-                current = _inode(self.kubelet_socket)
-                stale = current != kubelet_inode or any(s.wiped() for s in self.servers)
+                current = file_identity(self.kubelet_socket)
+                stale = current != kubelet_identity or any(s.wiped() for s in self.servers)
                 if current is not None and stale:
                     if await self._serve_and_register():
-                        kubelet_inode = current
+                        kubelet_identity = current
                         delay = POLL
                     else:
                         delay = min(delay * 2, 5.0)
-                elif current is None and kubelet_inode is not None:
+                elif current is None and kubelet_identity is not None:
                     _log.warning("kubelet.sock disappeared; waiting for the kubelet", path=str(self.kubelet_socket))
-                    kubelet_inode = None
+                    kubelet_identity = None
                     self.registered.clear()
                 await asyncio.sleep(delay)
         finally:
@@ -122,7 +112,7 @@ class KubeletRegistration:
                         ),
                         timeout=REGISTER_TIMEOUT,
                     )
-        except (grpc.aio.AioRpcError, OSError) as exc:
+        except (grpc.aio.AioRpcError, OSError, SocketPathTooLong) as exc:
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             _log.warning("registration with the kubelet failed; retrying", error=detail)
             return False

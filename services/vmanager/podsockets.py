@@ -22,22 +22,18 @@ from pathlib import Path
 import grpc
 
 from libs.log import get_logger
+from libs.unixsock import check_socket_path, file_identity
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from services.vmanager.cleanup import remove_pod_dir
 from services.vmanager.names import is_pod_uid
 
-__all__ = ["SOCKET_NAME", "PodGone", "PodPaths", "PodSockets", "SocketPathTooLong"]
+__all__ = ["SOCKET_NAME", "PodGone", "PodPaths", "PodSockets"]
 
 SOCKET_NAME = "vcuda.sock"
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
 _log = get_logger("vmanager")
 
 ServicerFactory = Callable[[str, Path], pb_grpc.VCUDAServiceServicer]
-
-
-class SocketPathTooLong(ValueError):
-    pass
 
 
 class PodGone(LookupError):
@@ -53,14 +49,7 @@ class PodPaths:
 @dataclass
 class _Running:
     server: grpc.aio.Server
-    inode: int | None
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return os.lstat(path).st_ino
-    except FileNotFoundError:
-        return None
+    identity: tuple[int, int] | None  # of the socket file we listen on
 
 
 class PodSockets:
@@ -88,19 +77,13 @@ class PodSockets:
     async def ensure(self, pod_uid: str) -> PodPaths:
         """The pod's directory and a listening socket, started now unless already running."""
         paths = self.paths(pod_uid)
-        size = len(str(paths.socket).encode())
-        if size > MAX_SOCKET_PATH:
-            raise SocketPathTooLong(
-                f"socket path {paths.socket} is too long: {size} bytes, "
-                f"unix sockets allow at most {MAX_SOCKET_PATH}; "
-                "use a shorter vm directory"
-            )
+        check_socket_path(paths.socket)
         async with self._lock:
             if not self.holds_allocation(pod_uid):
                 raise PodGone(f"pod {pod_uid} holds no GPU allocation")
             running = self.servers.get(pod_uid)
             if running is not None:
-                if running.inode is not None and _inode(paths.socket) == running.inode:
+                if running.identity is not None and file_identity(paths.socket) == running.identity:
                     return paths
                 _log.warning("vcuda.sock vanished; restarting its server",
                              pod_uid=pod_uid, socket=str(paths.socket))
@@ -127,7 +110,7 @@ class PodSockets:
         except BaseException:
             await server.stop(None)
             raise
-        self.servers[pod_uid] = _Running(server=server, inode=_inode(paths.socket))
+        self.servers[pod_uid] = _Running(server=server, identity=file_identity(paths.socket))
         _log.info("serving vcuda.sock", pod_uid=pod_uid, socket=str(paths.socket))
 
     async def _stop(self, pod_uid: str) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from libs.commands import PrepareReply, PrepareRequest
 from libs.errors import ServiceError
+from libs.unixsock import SocketPathTooLong
 from services.vmanager.names import is_pod_uid
-from services.vmanager.podsockets import PodGone, PodSockets, SocketPathTooLong
+from services.vmanager.podsockets import PodGone, PodSockets
 from services.vmanager.tracker import AllocationTracker
 
 __all__ = ["Prepare"]
