@@ -83,11 +83,6 @@ class Container(msgspec.Struct, rename="camel"):
     def vmemory(self) -> int:
         return self.limit(RESOURCE_VMEMORY)
 
-    @property
-    def gpu_required(self) -> bool:
-        """gpu-manager's rule: vcore > 0 and (a whole GPU or more, or some memory)."""
-        return self.vcore > 0 and (self.vcore >= 100 or self.vmemory > 0)
-
     def env_value(self, name: str) -> str | None:
         for var in self.env:
             if var.name == name:
@@ -156,8 +151,9 @@ class Pod(msgspec.Struct):
         return f"{self.metadata.namespace}/{self.metadata.name}"
 
     @property
-    def gpu_required(self) -> bool:
-        return any(c.gpu_required for c in (*self.spec.init_containers, *self.spec.containers))
+    def wants_gpu(self) -> bool:
+        """Some container, init containers included, asks for tencent.com/vcuda-core."""
+        return any(c.vcore > 0 for c in (*self.spec.init_containers, *self.spec.containers))
 
     def all_statuses(self) -> list[ContainerStatus]:
         return [*self.status.init_container_statuses, *self.status.container_statuses]

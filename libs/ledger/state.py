@@ -140,6 +140,10 @@ class LedgerState:
     def pods(self) -> set[str]:
         return {a.pod_uid for a in self.allocations.values()}
 
+    def holds(self, pod_uid: str) -> bool:
+        """Whether the pod holds any allocation."""
+        return any(a.pod_uid == pod_uid for a in self.allocations.values())
+
     def find_by_devices(self, device_ids: list[str] | tuple[str, ...]) -> Allocation | None:
         """The newest allocation that holds exactly these kubelet device IDs."""
         wanted = frozenset(device_ids)

@@ -35,16 +35,12 @@ def _kubelet_order(pod: Pod) -> Iterable[Candidate]:
         yield Candidate(pod, c, i, False)
 
 
-def _wants_gpu(pod: Pod) -> bool:
-    return any(c.vcore > 0 for c in (*pod.spec.init_containers, *pod.spec.containers))
-
-
 def find_candidate(pods: Iterable[Pod], state: LedgerState, cores: int) -> Candidate | None:
     held = {(a.pod_uid, a.container) for a in state.allocations.values()}
     started = {uid for uid, _ in held}
     pending = [
         p for p in pods
-        if p.status.phase == "Pending" and is_active(p) and _wants_gpu(p)
+        if p.status.phase == "Pending" and is_active(p) and p.wants_gpu
         and p.metadata.annotations.get(ANNOTATION_GPU_ASSIGNED) != "true"
     ]
     pending.sort(key=lambda p: (

@@ -16,7 +16,7 @@ from services.vmanager.containers import ContainerNames
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
 from services.vmanager.register import Registrar, VcudaServicer
-from services.vmanager.tracker import AllocationTracker, holds_allocation
+from services.vmanager.tracker import AllocationTracker
 
 __all__ = ["VmanagerService", "service"]
 
@@ -40,7 +40,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         names = ContainerNames(bus, timeout=settings.request_timeout)
         registrar = Registrar(state, names, lookup_patience=settings.request_timeout)
         sockets = PodSockets(
-            settings.vm_root, partial(VcudaServicer, registrar), partial(holds_allocation, state)
+            settings.vm_root, partial(VcudaServicer, registrar), state.holds
         )
         stack.push_async_callback(sockets.close)  # after the follower stopped: nothing restarts them
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)

@@ -30,14 +30,10 @@ class Prepare:
                 f"the vmanager has followed the allocation log to seq {follower.last_seq}, not yet to "
                 f"{req.alloc_seq}, after {self.timeout:g}s"
             )) from None
-        if not self.tracker.holds_allocation(req.pod_uid):
-            raise ServiceError(
-                404, f"pod {req.pod_uid} holds no GPU allocation (log seq {follower.last_seq})"
-            )
         try:
-            paths = await self.sockets.ensure(req.pod_uid)
+            paths = await self.sockets.ensure(req.pod_uid)  # 404 when the pod holds no allocation
         except PodGone as exc:
-            raise ServiceError(404, str(exc)) from exc
+            raise ServiceError(404, f"{exc} (log seq {follower.last_seq})") from exc
         except SocketPathTooLong as exc:
             raise ServiceError(500, str(exc)) from exc
         except (OSError, ValueError, RuntimeError) as exc:

@@ -31,13 +31,9 @@ from libs.log import get_logger
 from services.vmanager.cleanup import scan_vm_root
 from services.vmanager.podsockets import PodGone, PodSockets
 
-__all__ = ["AllocationTracker", "holds_allocation", "stream_last_seq"]
+__all__ = ["AllocationTracker", "stream_last_seq"]
 
 _log = get_logger("vmanager")
-
-
-def holds_allocation(state: LedgerState, pod_uid: str) -> bool:
-    return any(a.pod_uid == pod_uid for a in state.allocations.values())
 
 
 async def stream_last_seq(bus: Bus) -> int:
@@ -59,9 +55,6 @@ class AllocationTracker:
         self.target = 0
         self._warned: set[str] = set()
 
-    def holds_allocation(self, pod_uid: str) -> bool:
-        return holds_allocation(self.state, pod_uid)
-
     async def run(self) -> None:
         self.target = await stream_last_seq(self.bus)
         _log.info("following the allocation log", catch_up_to=self.target)
@@ -78,7 +71,7 @@ class AllocationTracker:
         ev = stored.event
         if isinstance(ev, AllocationGranted):
             await self._prepare(ev.pod_uid)
-        elif isinstance(ev, AllocationReleased) and not self.holds_allocation(ev.pod_uid):
+        elif isinstance(ev, AllocationReleased) and not self.state.holds(ev.pod_uid):
             await self._teardown(ev.pod_uid)
 
     async def _reconcile(self) -> None:

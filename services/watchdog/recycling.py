@@ -24,10 +24,6 @@ _log = get_logger("watchdog")
 _VERBS = {"ADDED": "added", "MODIFIED": "updated", "DELETED": "deleted"}
 
 
-def _wants_gpu(pod: Pod) -> bool:
-    return any(c.vcore > 0 for c in (*pod.spec.init_containers, *pod.spec.containers))
-
-
 def _reason(pod: Pod) -> str:
     if pod.metadata.deletion_timestamp:
         return "deleted"  # the API's MODIFIED with deletionTimestamp comes before its DELETED
@@ -47,7 +43,7 @@ class Recycler:
         pod = new or old
         assert pod is not None
         await self.bus.publish(self.bus.subjects.pod_fact(_VERBS.get(kind, "updated")), PodChanged(kind=kind, pod=pod))
-        if not _wants_gpu(pod):
+        if not pod.wants_gpu:
             return
         if kind == "DELETED":
             await self.release(pod.uid, "deleted")
