@@ -210,22 +210,17 @@ class DeviceManager:
         capacity: dict[str, int] = {}
         allocatable: dict[str, int] = {}
         deleted: set[str] = set()
-        for resource in list(self.healthy):
+        for resource in set(self.healthy) | set(self.unhealthy):
             ep = self.endpoints.get(resource)
             if ep is None or ep.grace_expired(grace):
                 self.endpoints.pop(resource, None)
-                del self.healthy[resource]
+                self.healthy.pop(resource, None)
+                self.unhealthy.pop(resource, None)
                 deleted.add(resource)
-            else:
-                capacity[resource] = allocatable[resource] = len(self.healthy[resource])
-        for resource in list(self.unhealthy):
-            ep = self.endpoints.get(resource)
-            if ep is None or ep.grace_expired(grace):
-                self.endpoints.pop(resource, None)
-                del self.unhealthy[resource]
-                deleted.add(resource)
-            else:
-                capacity[resource] = capacity.get(resource, 0) + len(self.unhealthy[resource])
+                continue
+            if resource in self.healthy:
+                allocatable[resource] = len(self.healthy[resource])
+            capacity[resource] = allocatable.get(resource, 0) + len(self.unhealthy.get(resource, ()))
         if deleted:
             for resource in deleted:
                 self.all_devices.pop(resource, None)
@@ -337,9 +332,7 @@ class DeviceManager:
         out: dict[int, list[str]] = {}
         known = self.all_devices.get(resource, {})
         for dev_id in ids:
-            dev = known.get(dev_id)
-            nodes = [n.ID for n in dev.topology.nodes] if dev is not None and dev.HasField("topology") else []
-            for node in nodes or [NO_TOPOLOGY]:
+            for node in _numa_nodes(known.get(dev_id)) or [NO_TOPOLOGY]:
                 out.setdefault(node, []).append(dev_id)
         return out
 
@@ -424,9 +417,7 @@ class DeviceManager:
             return set(), set(), set(available)
         per_node: dict[int, set[str]] = {}
         for dev_id in available:
-            dev = devices.get(dev_id)
-            nodes = [n.ID for n in dev.topology.nodes] if dev is not None and dev.HasField("topology") else []
-            for node in nodes or [NO_TOPOLOGY]:
+            for node in _numa_nodes(devices.get(dev_id)) or [NO_TOPOLOGY]:
                 per_node.setdefault(node, set()).add(dev_id)
 
         def rank(node: int) -> tuple[int, int]:
@@ -534,6 +525,10 @@ class DeviceManager:
             healthy = self.healthy.get(resource, set())
             for dev_id, dev in devices.items():
                 if dev_id in healthy:
-                    nodes = [n.ID for n in dev.topology.nodes] if dev.HasField("topology") else []
-                    out.append((resource, dev_id, nodes))
+                    out.append((resource, dev_id, _numa_nodes(dev)))
         return out
+
+
+def _numa_nodes(dev: dp.Device | None) -> list[int]:
+    """The NUMA nodes a device reports; empty for an unknown device or one without topology."""
+    return [n.ID for n in dev.topology.nodes] if dev is not None and dev.HasField("topology") else []

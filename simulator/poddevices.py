@@ -112,42 +112,31 @@ class PodDevices:
         resources = self._devs.get(pod_uid, {}).get(container, {})
         order = sorted(resources)
         rng.shuffle(order)
-        seen_devices: dict[str, str] = {}
-        seen_mounts: dict[str, str] = {}
-        seen_cdi: set[str] = set()
+        devices: dict[str, dict[str, Any]] = {}
+        mounts: dict[str, dict[str, Any]] = {}
         for resource in order:
             resp = resources[resource].response
             for key, value in resp.envs.items():
-                if key in opts["envs"]:
-                    if opts["envs"][key] != value:
-                        _log.warning("env conflict", container=container, env=key, kept=opts["envs"][key])
-                    continue
-                opts["envs"][key] = value
+                _keep_first(opts["envs"], key, value, "env", container)
             for dev in resp.devices:
-                if dev.container_path in seen_devices:
-                    if seen_devices[dev.container_path] != dev.host_path:
-                        _log.warning("device conflict", container=container, path=dev.container_path)
-                    continue
-                seen_devices[dev.container_path] = dev.host_path
-                opts["devices"].append(
-                    {"container_path": dev.container_path, "host_path": dev.host_path,
-                     "permissions": dev.permissions}
-                )
+                _keep_first(devices, dev.container_path, {"container_path": dev.container_path,
+                            "host_path": dev.host_path, "permissions": dev.permissions}, "device", container)
             for mount in resp.mounts:
-                if mount.container_path in seen_mounts:
-                    if seen_mounts[mount.container_path] != mount.host_path:
-                        _log.warning("mount conflict", container=container, path=mount.container_path)
-                    continue
-                seen_mounts[mount.container_path] = mount.host_path
-                opts["mounts"].append(
-                    {"container_path": mount.container_path, "host_path": mount.host_path,
-                     "read_only": mount.read_only}
-                )
+                _keep_first(mounts, mount.container_path, {"container_path": mount.container_path,
+                            "host_path": mount.host_path, "read_only": mount.read_only}, "mount", container)
             for key, value in resp.annotations.items():
-                if key not in opts["annotations"]:
-                    opts["annotations"][key] = value
+                _keep_first(opts["annotations"], key, value, "annotation", container)
             for cdi in resp.cdi_devices:
-                if cdi.name not in seen_cdi:
-                    seen_cdi.add(cdi.name)
+                if cdi.name not in opts["cdi_devices"]:
                     opts["cdi_devices"].append(cdi.name)
+        opts["devices"] = list(devices.values())
+        opts["mounts"] = list(mounts.values())
         return opts
+
+
+def _keep_first(kept: dict[str, Any], key: str, value: Any, what: str, container: str) -> None:
+    """Upstream's merge: the first value for a key stays; a different later one is only logged."""
+    if key not in kept:
+        kept[key] = value
+    elif kept[key] != value:
+        _log.warning(f"{what} conflict", container=container, key=key)
