@@ -111,7 +111,7 @@ class Relay:
         if stream_last:
             await self._check_same_history(stream_last)
         self.published = stream_last
-        self._signal()
+        self._synced.set()
         self._wake.set()
 
     async def _check_same_history(self, seq: int) -> None:
@@ -138,7 +138,7 @@ class Relay:
                             raise _Resync from result
                         raise result
                     self.published = stored.seq
-                self._signal()
+                self._synced.set()
 
     async def _publish(self, stored: StoredEvent) -> None:
         subjects = self.bus.subjects
@@ -153,9 +153,6 @@ class Relay:
                 "Gpuledger-Type": stored.type,
             },
         )
-
-    def _signal(self) -> None:
-        self._synced.set()
 
 
 class _Resync(Exception):
