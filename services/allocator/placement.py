@@ -1,28 +1,28 @@
-"""Where a request goes: pure functions over the GPUs' free capacity and their links.
+"""Where a request goes: gpu-manager's evaluator choice and its refusals, over our topology tree.
 
-- fewer than 100 cores: one GPU shared with others (share mode); best fit on the cores left, then
-  memory, then lowest index, so partly used GPUs fill up before idle ones are broken into;
-- 100 cores: one idle GPU, taken from where it breaks the fewest well-connected idle sets;
-- n x 100 cores: n idle GPUs, the set with the most NVLinks between its members, then the tightest
-  PCIe level, then the lowest indexes.
-Ties always fall to the lowest GPU index, never to hash order. (Exact gpu-manager evaluator parity,
-its topology tree, is issue #3's job; this module keeps the same contract.)
+- fewer than 100 cores: share mode only, memory required; the ``share`` evaluator (best fit);
+- exactly 100 cores: the ``fragment`` evaluator (one whole GPU from the most fragmented group);
+- more than 100 cores: a multiple of 100, the ``link`` evaluator (n whole GPUs, NVLink first).
+The evaluators and how NVLink combines with gpu-manager's tree are in `evaluators.py`; the tree is
+`libs/gpu/tree.py`. Refusals carry gpu-manager's error texts (reference 3.2), with the numbers added.
+Everything is pure and deterministic: ties fall to the lowest GPU index.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 from collections.abc import Sequence
 
 from libs.errors import ServiceError
 from libs.events.schema import GpuShare
-from libs.gpu import link_level, nvlink_count
+from libs.gpu.topology import nvlink_count
+from libs.gpu.tree import TopologyTree, build_tree
 from libs.ledger.state import GpuUsage
+from services.allocator import evaluators
 
-__all__ = ["Links", "place"]
+__all__ = ["Links", "place", "topology"]
 
 Links = Sequence[Sequence[str]]
-_MAX_COMBINATIONS = 20_000
 
 
 def place(
@@ -36,13 +36,20 @@ def place(
         raise ServiceError(400, f"cores are greater than 100, must be multiple of 100 (got {cores})")
     wanted = cores // 100
     if wanted > len(gpus):
-        raise ServiceError(400, f"{cores} cores asks for {wanted} GPUs; this node has {len(gpus)}")
-    idle = [g for g in sorted(gpus, key=lambda g: g.index) if g.idle]
-    if len(idle) < wanted:
-        raise ServiceError(503, f"no free node: {wanted} whole GPU(s) wanted, {len(idle)} idle")
-    chosen = _pick_one(idle, links) if wanted == 1 else _pick_set(idle, links, wanted)
+        raise ServiceError(400, f"no free node: {cores} cores asks for {wanted} GPUs; this node has {len(gpus)}")
+    by_index = {g.index: g for g in gpus}
+    tree, nv = topology(links, max(by_index) + 1)
+    free = frozenset(i for i, g in by_index.items() if g.idle)
+    if wanted == 1:
+        one = evaluators.fragment(tree, free)
+        chosen: tuple[int, ...] | None = (one,) if one is not None else None
+    else:
+        chosen = evaluators.link(tree, free, wanted, nv)
+    if chosen is None:
+        raise ServiceError(503, f"no free node: {wanted} whole GPU(s) wanted, {len(free)} fully free")
     return tuple(
-        GpuShare(index=g.index, uuid=g.uuid, minor=g.minor, cores=100, memory=g.memory_total) for g in chosen
+        GpuShare(index=g.index, uuid=g.uuid, minor=g.minor, cores=100, memory=g.memory_total)
+        for g in (by_index[i] for i in chosen)
     )
 
 
@@ -51,50 +58,27 @@ def _share(gpus: Sequence[GpuUsage], *, cores: int, memory: int, share_mode: boo
         raise ServiceError(400, "share mode is not enabled: requests under 100 cores are refused")
     if memory <= 0:
         raise ServiceError(400, "that cores or memory is zero is not permitted in share mode")
-    fits = [g for g in gpus if g.cores_free >= cores and g.memory_free >= memory]
-    if not fits:
+    best = evaluators.share(gpus, cores, memory)
+    if best is None:
         largest = max((g.memory_total for g in gpus), default=0)
         if memory > largest:
             raise ServiceError(400, f"request memory {memory} is larger than {largest}")
         raise ServiceError(503, f"no free node: no GPU has {cores} cores and {memory} bytes left")
-    best = min(fits, key=lambda g: (g.cores_free, g.memory_free, g.index))
     return GpuShare(index=best.index, uuid=best.uuid, minor=best.minor, cores=cores, memory=memory)
 
 
-def _closeness(links: Links, a: int, b: int) -> tuple[int, int]:
-    """Higher is closer: (NVLinks, -PCIe level)."""
-    token = links[a][b] if a < len(links) and b < len(links[a]) else "SYS"
-    return nvlink_count(token), -link_level(token)
+def topology(links: Links, gpu_count: int) -> tuple[TopologyTree, tuple[tuple[int, ...], ...]]:
+    """The tree and the NVLink-count matrix of a links matrix (cached: the links rarely change)."""
+    frozen = tuple(tuple(row) for row in links)
+    return _topology(frozen, gpu_count)
 
 
-def _pick_one(idle: list[GpuUsage], links: Links) -> list[GpuUsage]:
-    # The GPU whose best partner among the other idle GPUs is the weakest: taking it keeps the
-    # well-connected idle pairs whole for later multi-GPU requests.
-    def best_partner(g: GpuUsage) -> tuple[int, int]:
-        others = [_closeness(links, g.index, o.index) for o in idle if o.index != g.index]
-        return max(others, default=(-1, -100))
-
-    return [min(idle, key=lambda g: (best_partner(g), g.index))]
-
-
-def _pick_set(idle: list[GpuUsage], links: Links, n: int) -> list[GpuUsage]:
-    def score(group: Sequence[GpuUsage]) -> tuple[int, int, tuple[int, ...]]:
-        pairs = [_closeness(links, a.index, b.index) for a, b in itertools.combinations(group, 2)]
-        nvlinks = sum(p[0] for p in pairs)
-        worst_level = min(p[1] for p in pairs)  # the farthest pair decides the PCIe level
-        return -nvlinks, -worst_level, tuple(g.index for g in group)
-
-    total = 1
-    for k in range(n):
-        total = total * (len(idle) - k) // (k + 1)
-    if total <= _MAX_COMBINATIONS:
-        return list(min(itertools.combinations(idle, n), key=score))
-    # Too many sets to try: grow greedily from each start and keep the best.
-    candidates = []
-    for start in idle:
-        group = [start]
-        while len(group) < n:
-            rest = [g for g in idle if g not in group]
-            group.append(min(rest, key=lambda g: (score([*group, g]), g.index)))
-        candidates.append(group)
-    return min(candidates, key=score)
+@functools.lru_cache(maxsize=16)
+def _topology(links: tuple[tuple[str, ...], ...], gpu_count: int) -> tuple[TopologyTree, tuple[tuple[int, ...], ...]]:
+    tree = build_tree(links, gpu_count)
+    n = tree.gpu_count
+    nv = tuple(
+        tuple(nvlink_count(links[i][j]) if i < len(links) and j < len(links[i]) else 0 for j in range(n))
+        for i in range(n)
+    )
+    return tree, nv
