@@ -240,3 +240,4 @@ def gen_protos() -> None:
 
 if __name__ == "__main__":
     main()
+main.add_command(importlib.import_module("gpuledger.simulate_cmd").simulate)
