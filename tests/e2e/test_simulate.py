@@ -28,11 +28,8 @@ def lines(run: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in run.stdout.splitlines()]
 
 
-def pod(name: str, *containers: tuple[str, int, int], init: tuple[str, int, int] | None = None) -> dict[str, Any]:
-    manifest = gpu_pod(name, *containers)
-    if init is not None:
-        manifest["spec"]["initContainers"] = gpu_pod("x", init)["spec"]["containers"]
-    return manifest
+def pod(name: str, *containers: tuple[str, int, int]) -> dict[str, Any]:
+    return gpu_pod(name, *containers)
 
 
 def test_the_readme_example() -> None:
