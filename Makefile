@@ -22,6 +22,7 @@ protos: $(BIN)/gpuledger
 bench: $(BIN)/gpuledger
 	$(BIN)/python -m bench.allocate_rtt
 	$(BIN)/python -m bench.replay
+	$(BIN)/python -m bench.placement_quality
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

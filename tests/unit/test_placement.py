@@ -206,6 +206,15 @@ def test_link_on_nvswitch_is_gpu_managers_choice() -> None:
     assert picks(g, links, 300) == [0, 2, 3]
 
 
+def test_link_on_a_hybrid_cube_mesh_follows_the_links() -> None:
+    # DGX-1: NV2 pairs 0-3, 1-2, 2-3 and the quad twins; a 4-GPU job gets a whole quad (9 links).
+    g, links = profile("dgx1-v100-8gpu")
+    assert picks(g, links, 200) == [0, 3]
+    hold(g, 0, 3)
+    assert picks(g, links, 400) == [4, 5, 6, 7]
+    assert picks(g, links, 200) == [1, 2]
+
+
 def test_share_compares_whole_memory_blocks() -> None:
     # GPU0 has 100 MiB more left than GPU1, but the same number of whole 256 MiB blocks: index wins.
     g = gpus(2)

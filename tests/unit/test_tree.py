@@ -33,6 +33,7 @@ def matrix(n: int, token: str, pairs: dict[tuple[int, int], str] | None = None) 
     [
         ("demo-4gpu", [("NV", [0, 1]), ("NV", [2, 3]), ("SYS", [0, 1, 2, 3]), ("ROOT", [0, 1, 2, 3])]),
         ("dgx-a100-8gpu", [("NV", list(range(8))), ("ROOT", list(range(8)))]),
+        ("dgx1-v100-8gpu", [("NV", list(range(8))), ("ROOT", list(range(8)))]),
         ("pcie-4gpu", [("PIX", [0, 1]), ("PIX", [2, 3]), ("PHB", [0, 1, 2, 3]), ("ROOT", [0, 1, 2, 3])]),
         (
             "pcie-6gpu",

@@ -1,0 +1,275 @@
+"""Placement quality: how many pods of a random trace fit before the first refusal, against a bound.
+
+For each topology and seed, a random trace of pod arrivals (and, in the "churn" traces, departures)
+is run through `gpuledger.simulation.Simulation` (the code path of ``gpuledger simulate``: the
+kubelet's device-ID count, then a placer over the allocator's LedgerState) twice: with our placer
+(`services.allocator.placement.place`, gpu-manager's evaluators + NVLink) and with a naive first-fit
+(fractions on the lowest-index GPU that fits, whole GPUs on the lowest-index idle ones). Measured per
+trace: arrivals placed before the first refusal, and the utilisation (cores held / node cores) at
+that moment. The offline bound is the most arrivals any placement, knowing the whole trace, could
+place before its first refusal: an exhaustive search over placements (GPUs with the same contents are
+interchangeable, so states are canonicalised and memoised); its utilisation follows from the trace.
+For multi-GPU grants, the link quality: NVLinks per GPU pair, and the share of grants that cross
+the CPU sockets (SYS).
+
+    python -m bench.placement_quality [--traces 100] [--arrivals 40] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from gpuledger.simulation import Simulation
+from libs.config import MEMORY_BLOCK
+from libs.errors import ServiceError
+from libs.events.schema import GpuShare
+from libs.gpu.fake import PROFILES_DIR, FakeBackend
+from libs.gpu.inventory import Inventory
+from libs.kube.pods import Pod
+from libs.ledger.state import GpuUsage
+from services.allocator.placement import Links, place, topology
+
+TOPOLOGIES = {
+    # name: (profile, whole-GPU multiples a multi-GPU pod asks for, with weights)
+    "pcie-6gpu": ("pcie-6gpu", {2: 6, 3: 2, 4: 2}),
+    "dgx-a100-8gpu": ("dgx-a100-8gpu", {2: 5, 4: 4, 8: 1}),
+    "dgx1-v100-8gpu": ("dgx1-v100-8gpu", {2: 5, 4: 4, 8: 1}),
+}
+SHARE_CORES = (10, 20, 25, 30, 40, 50, 60, 70, 80, 90)
+SHARE_P, WHOLE_P = 0.65, 0.2   # the rest (0.15) asks for several whole GPUs
+SEARCH_BUDGET = 2_000_000
+
+
+# --- traces ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    pod: str
+    cores: int
+    blocks: int
+
+
+def make_trace(rng: random.Random, inv: Inventory, multiples: dict[int, int], arrivals: int,
+               churn: bool) -> list[Request | str]:
+    """Arrivals (Request) and departures (the pod name); a pod leaves 1..12 arrivals after it came."""
+    per_gpu_blocks = min(g.memory for g in inv.gpus) // MEMORY_BLOCK
+    ops: list[Request | str] = []
+    leaving: dict[int, list[str]] = {}
+    for k in range(arrivals):
+        ops.extend(leaving.pop(k, []))
+        kind = rng.random()
+        if kind < SHARE_P:
+            cores = rng.choice(SHARE_CORES)
+            blocks = max(1, min(per_gpu_blocks, round(per_gpu_blocks * cores / 100 * rng.uniform(0.5, 1.5))))
+        elif kind < SHARE_P + WHOLE_P:
+            cores, blocks = 100, 0
+        else:
+            cores, blocks = 100 * rng.choices(list(multiples), weights=list(multiples.values()))[0], 0
+        name = f"p{k}"
+        ops.append(Request(name, cores, blocks))
+        if churn:
+            leaving.setdefault(k + rng.randint(1, 12), []).append(name)
+    return ops
+
+
+def manifest(req: Request) -> Pod:
+    limits: dict[str, Any] = {"tencent.com/vcuda-core": req.cores}
+    if req.blocks:
+        limits["tencent.com/vcuda-memory"] = req.blocks
+    return msgspec.convert({"metadata": {"name": req.pod},
+                            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}, Pod)
+
+
+# --- the naive placer ----------------------------------------------------------------------------------
+
+def first_fit(gpus: Sequence[GpuUsage], links: Links, *, cores: int, memory: int,
+              share_mode: bool) -> tuple[GpuShare, ...]:
+    ordered = sorted(gpus, key=lambda g: g.index)
+    if cores < 100:
+        for g in ordered:
+            if g.cores_free >= cores and g.memory_free >= memory:
+                return (GpuShare(index=g.index, uuid=g.uuid, minor=g.minor, cores=cores, memory=memory),)
+        raise ServiceError(503, "no free node")
+    idle = [g for g in ordered if g.idle][: cores // 100]
+    if len(idle) < cores // 100:
+        raise ServiceError(503, "no free node")
+    return tuple(GpuShare(index=g.index, uuid=g.uuid, minor=g.minor, cores=100, memory=g.memory_total)
+                 for g in idle)
+
+
+# --- one run through the simulation ----------------------------------------------------------------
+
+@dataclass
+class Run:
+    placed: int = 0
+    utilisation: float = 0.0
+    nvlinks_per_pair: list[float] = field(default_factory=list)
+    cross_socket: list[bool] = field(default_factory=list)
+
+
+def run_trace(inv: Inventory, ops: list[Request | str], placer: Any) -> Run:
+    sim = Simulation(inv, share_mode=True, placer=placer)
+    _, nv = topology(inv.links, len(inv.gpus))
+    run = Run()
+    for op in ops:
+        if isinstance(op, str):
+            sim.delete(f"default/{op}")
+            continue
+        (result,) = sim.add(manifest(op))
+        if "error" in result:
+            break
+        run.placed += 1
+        gpus = result["gpus"]
+        if len(gpus) > 1:
+            pairs = list(itertools.combinations(gpus, 2))
+            run.nvlinks_per_pair.append(sum(nv[a][b] for a, b in pairs) / len(pairs))
+            run.cross_socket.append(any(inv.links[a][b] == "SYS" for a, b in pairs))
+    run.utilisation = sim.utilisation()
+    return run
+
+
+# --- the offline bound ---------------------------------------------------------------------------------
+
+class BudgetExceeded(Exception):
+    pass
+
+
+def offline_bound(inv: Inventory, ops: list[Request | str]) -> int:
+    """Most arrivals placeable before the first refusal by any placement that knows the trace."""
+    n = len(inv.gpus)
+    memory = min(g.memory for g in inv.gpus)  # the bundled profiles are homogeneous
+    reqs = {op.pod: op for op in ops if isinstance(op, Request)}
+    budget = [SEARCH_BUDGET]
+
+    # A GPU's state: the pods on it (frozenset); the node's state: the sorted tuple of GPU states.
+    def load(gpu: frozenset[str]) -> tuple[int, int]:
+        cores = sum(reqs[p].cores if reqs[p].cores < 100 else 100 for p in gpu)
+        mem = sum(reqs[p].blocks * MEMORY_BLOCK if reqs[p].cores < 100 else memory for p in gpu)
+        return cores, mem
+
+    @functools.cache
+    def best(i: int, state: tuple[frozenset[str], ...]) -> int:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise BudgetExceeded
+        if i == len(ops):
+            return 0
+        op = ops[i]
+        if isinstance(op, str):
+            nxt = tuple(sorted((g - {op} for g in state), key=sorted))
+            return best(i + 1, nxt)
+        options = []
+        if op.cores >= 100:
+            want = op.cores // 100
+            idle = [k for k, g in enumerate(state) if not g]
+            if len(idle) >= want:  # idle GPUs are interchangeable: one way to do it
+                taken = set(idle[:want])
+                options.append(tuple(sorted((g | {op.pod} if k in taken else g for k, g in enumerate(state)),
+                                            key=sorted)))
+        else:
+            seen = set()
+            for k, g in enumerate(state):
+                if g in seen:
+                    continue
+                seen.add(g)
+                cores, mem = load(g)
+                if cores + op.cores <= 100 and mem + op.blocks * MEMORY_BLOCK <= memory:
+                    options.append(tuple(sorted((*state[:k], g | {op.pod}, *state[k + 1:]), key=sorted)))
+        if not options:
+            return 0
+        return 1 + max(best(i + 1, s) for s in options)
+
+    try:
+        return best(0, tuple(frozenset() for _ in range(n)))
+    finally:
+        best.cache_clear()
+
+
+def utilisation_after(inv: Inventory, ops: list[Request | str], placed: int) -> float:
+    """Cores held once `placed` arrivals are in (departures before the next arrival applied)."""
+    live: dict[str, int] = {}
+    count = 0
+    for op in ops:
+        if isinstance(op, str):
+            live.pop(op, None)
+            continue
+        if count == placed:
+            break
+        live[op.pod] = op.cores
+        count += 1
+    return sum(live.values()) / (100 * len(inv.gpus))
+
+
+# --- the report --------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=int, default=100, help="traces per topology and kind")
+    ap.add_argument("--arrivals", type=int, default=40, help="arrivals per trace")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    started = time.perf_counter()
+    print(f"placement quality: {args.traces} traces x {args.arrivals} arrivals per topology and kind, "
+          f"seed {args.seed}", flush=True)
+    print("| topology | trace | placer | placed before 1st refusal (mean) | of the trace | % of bound "
+          "| equals bound | utilisation then | NVLinks/pair (multi-GPU) | multi-GPU with a SYS pair |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, (profile, multiples) in TOPOLOGIES.items():
+        inv = FakeBackend(PROFILES_DIR / f"{profile}.yaml").inventory()
+        for churn in (False, True):
+            rng = random.Random(f"{args.seed}/{name}/{churn}")
+            traces = [make_trace(rng, inv, multiples, args.arrivals, churn) for _ in range(args.traces)]
+            bounds: list[int] = []
+            kept: list[list[Request | str]] = []
+            skipped = 0
+            runs: dict[str, list[Run]] = {"ours": [], "first-fit": []}
+            for k, ops in enumerate(traces):
+                try:
+                    bound = offline_bound(inv, ops)
+                except BudgetExceeded:
+                    skipped += 1
+                    continue
+                bounds.append(bound)
+                kept.append(ops)
+                runs["ours"].append(run_trace(inv, ops, place))
+                runs["first-fit"].append(run_trace(inv, ops, first_fit))
+                for label, placed in (("ours", runs["ours"][-1].placed), ("first-fit", runs["first-fit"][-1].placed)):
+                    if placed > bound:
+                        raise AssertionError(f"{name} trace {k}: {label} placed {placed} > bound {bound}")
+                if (k + 1) % 50 == 0:
+                    print(f"  .. {name} {'churn' if churn else 'fill'}: {k + 1}/{len(traces)} traces",
+                          file=sys.stderr, flush=True)
+            kind = "churn" if churn else "fill"
+            mean_bound = statistics.mean(bounds)
+            util_bound = statistics.mean(utilisation_after(inv, ops, b) for ops, b in zip(kept, bounds, strict=True))
+            for label, rs in runs.items():
+                placed = statistics.mean(r.placed for r in rs)
+                equal = sum(r.placed == b for r, b in zip(rs, bounds, strict=True)) / len(rs)
+                util = statistics.mean(r.utilisation for r in rs)
+                nvl = [x for r in rs for x in r.nvlinks_per_pair]
+                cross = [x for r in rs for x in r.cross_socket]
+                print(f"| {name} | {kind} | {label} | {placed:.2f} | {100 * placed / args.arrivals:.1f}% "
+                      f"| {100 * placed / mean_bound:.1f}% "
+                      f"| {100 * equal:.0f}% | {100 * util:.1f}% | {statistics.mean(nvl) if nvl else 0:.2f} "
+                      f"| {100 * sum(cross) / len(cross) if cross else 0:.1f}% |")
+            print(f"| {name} | {kind} | offline bound | {mean_bound:.2f} | {100 * mean_bound / args.arrivals:.1f}% "
+                  f"| 100% | 100% | {100 * util_bound:.1f}% "
+                  f"| | |" + (f" ({skipped} traces over the search budget left out)" if skipped else ""))
+    print(f"({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
