@@ -150,7 +150,8 @@ def _emit(out: TextIO, line: dict[str, Any]) -> None:
 @click.command()
 @click.option("--topology", "topology", required=True, metavar="FILE|PROFILE",
               help="The node: a fake GPU file (libs/gpu/fake.py format, with pasted `nvidia-smi topo -m`) "
-                   "or a bundled profile name (demo-4gpu, dgx-a100-8gpu, pcie-4gpu, pcie-6gpu).")
+                   "or the name of a bundled profile (libs/gpu/profiles: demo-4gpu, dgx-a100-8gpu, "
+                   "dgx1-v100-8gpu, pcie-4gpu, pcie-6gpu).")
 @click.option("--share-mode/--no-share-mode", default=True, show_default=True,
               help="Whether requests under 100 vcuda-core are allowed (as the agent's option).")
 @click.argument("ops_file", type=click.File("r", encoding="utf-8"), default="-")
