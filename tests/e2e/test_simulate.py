@@ -73,6 +73,23 @@ def test_nvlink_and_the_tree_decide_on_a_dgx() -> None:
     assert [o["gpus"] for o in out] == [[0], [1, 2, 3, 4], [5, 6]]
 
 
+def test_a_refused_container_gives_back_its_pods_earlier_grants() -> None:
+    ops = [pod("two", ("a", 100, 0), ("b", 400, 0)), pod("next", ("c", 100, 0)), {"delete": "two"}]
+    out = lines(simulate("--topology", "demo-4gpu", stdin="\n".join(json.dumps(o) for o in ops)))
+    assert [(o.get("container"), o.get("gpus")) for o in out] == [("a", [0]), ("b", None), ("c", [0]), (None, [])]
+    assert "Requested: 400, Available: 300" in out[1]["error"]
+
+
+def test_init_containers_come_first_and_their_ids_are_reused() -> None:
+    manifest = pod("p", ("main", 100, 0))
+    manifest["spec"]["initContainers"] = [
+        {"name": "setup", "resources": {"limits": {"tencent.com/vcuda-core": "300"}}}]
+    out = lines(simulate("--topology", "demo-4gpu", stdin=json.dumps(manifest)))
+    # The kubelet counts the init container's 300 IDs once (main reuses 100 of them); the allocator,
+    # as today, holds a grant for each container, so main gets the one GPU left.
+    assert [(o["container"], o["init"], o["gpus"]) for o in out] == [("setup", True, [0, 1, 2]), ("main", False, [3])]
+
+
 def test_share_mode_off_refuses_fractions() -> None:
     out = lines(simulate("--topology", "demo-4gpu", "--no-share-mode", stdin=json.dumps(pod("s", ("c", 50, 4)))))
     assert "share mode is not enabled" in out[0]["error"]
