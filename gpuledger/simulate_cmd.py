@@ -91,7 +91,9 @@ def read_operations(text: str, source: str) -> Iterator[tuple[str, Any]]:
             if node is None:
                 continue
             where = f"{source} document {n} (line {node.start_mark.line + 1})"
-            yield where, loader.construct_document(node)
+            doc = loader.construct_document(node)
+            if doc is not None:  # an empty document (a trailing ---, only comments)
+                yield where, doc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
@@ -115,9 +117,11 @@ def to_pod(where: str, doc: dict[str, Any]) -> Pod:
     for c in (*pod.spec.init_containers, *pod.spec.containers):
         for resource in (RESOURCE_VCORE, RESOURCE_VMEMORY):
             try:
-                c.limit(resource)
+                value = c.limit(resource)
             except (ValueError, AttributeError) as exc:
                 raise OpError(where, f"pod {pod.key} container {c.name}: limits[{resource}]: {exc}") from None
+            if value < 0:
+                raise OpError(where, f"pod {pod.key} container {c.name}: limits[{resource}] is negative: {value}")
     return pod
 
 

@@ -57,6 +57,14 @@ def test_the_readme_example() -> None:
     assert all(json.dumps(o) in readme for o in out), "README's example output is out of date"
 
 
+def test_empty_yaml_documents_and_namespaces() -> None:
+    text = ("---\n# only a comment\n---\n" + yaml.safe_dump(pod("a", ("c", 100, 0))) + "---\n"
+            + yaml.safe_dump({**pod("a", ("c", 100, 0)), "metadata": {"name": "a", "namespace": "other"}})
+            + "---\ndelete: other/a\n---\n")
+    out = lines(simulate("--topology", "demo-4gpu", stdin=text))
+    assert [(o["pod"], o["gpus"]) for o in out] == [("default/a", [0]), ("other/a", [1]), ("other/a", [1])]
+
+
 def test_json_lines_on_stdin_and_a_topology_file(tmp_path: Path) -> None:
     ops = [pod("a", ("c", 200, 0)), pod("b", ("c", 100, 0)), {"delete": "a"}, pod("c", ("c", 300, 0))]
     text = "\n".join(json.dumps(o) for o in ops) + "\n"
@@ -116,6 +124,8 @@ def test_absurd_sizes_are_refused_results() -> None:
          '[{"name": "c", "resources": {"limits": {"tencent.com/vcuda-core": "1.5"}}}]}}\n',
          "limits[tencent.com/vcuda-core]: not a whole-number quantity"),
         ('{"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": "nope"}}\n', "not a valid Pod manifest"),
+        ("kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, resources: {limits: "
+         "{tencent.com/vcuda-core: -5}}}]}\n", "limits[tencent.com/vcuda-core] is negative: -5"),
         ("[1, 2]\n", "expected a Pod manifest"),
     ],
 )
