@@ -43,6 +43,7 @@ from gpuledger.simulation import Simulation
 from libs.errors import GpuError
 from libs.gpu.fake import PROFILES_DIR, FakeBackend
 from libs.gpu.inventory import Inventory
+from libs.gpu.tree import build_tree
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, Pod
 
 __all__ = ["read_operations", "simulate"]
@@ -158,14 +159,19 @@ def _emit(out: TextIO, line: dict[str, Any]) -> None:
                    "dgx1-v100-8gpu, pcie-4gpu, pcie-6gpu).")
 @click.option("--share-mode/--no-share-mode", default=True, show_default=True,
               help="Whether requests under 100 vcuda-core are allowed (as the agent's option).")
+@click.option("--show-tree", is_flag=True,
+              help="Print the node's topology tree (groups per level, gpu-manager's PrintGraph style) "
+                   "to stderr first.")
 @click.argument("ops_file", type=click.File("r", encoding="utf-8"), default="-")
-def simulate(topology: str, share_mode: bool, ops_file: TextIO) -> None:
+def simulate(topology: str, share_mode: bool, show_tree: bool, ops_file: TextIO) -> None:
     """Dry-run placement: add pods / delete pods from OPS_FILE, print one JSON line per GPU container.
 
     OPS_FILE holds Pod manifests (add) and {"delete": NAME} (delete), as YAML documents or JSON
     lines; without it, stdin. The same placement code as the allocator runs.
     """
     inventory = load_topology(topology)
+    if show_tree:
+        click.echo(build_tree(inventory.links, len(inventory.gpus)).render(), err=True)
     sim = Simulation(inventory, share_mode=share_mode)
     source = "<stdin>" if ops_file.name in ("-", "<stdin>") else ops_file.name
     try:

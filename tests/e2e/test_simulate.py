@@ -98,6 +98,13 @@ def test_init_containers_come_first_and_their_ids_are_reused() -> None:
     assert [(o["container"], o["init"], o["gpus"]) for o in out] == [("setup", True, [0, 1, 2]), ("main", False, [3])]
 
 
+def test_show_tree() -> None:
+    run = simulate("--topology", "pcie-6gpu", "--show-tree", stdin="")
+    assert run.returncode == 0 and run.stdout == ""
+    assert run.stderr.splitlines()[:4] == ["ROOT:6", "|---SYS (aval: 6)", "|   |---PXB (aval: 3)",
+                                           "|   |   |---PIX (aval: 2)"]
+
+
 def test_share_mode_off_refuses_fractions() -> None:
     out = lines(simulate("--topology", "demo-4gpu", "--no-share-mode", stdin=json.dumps(pod("s", ("c", 50, 4)))))
     assert "share mode is not enabled" in out[0]["error"]
