@@ -29,7 +29,7 @@ def model_label_value(gpu_name: str) -> str:
     words = gpu_name.split()
     while len(words) > 1 and words[0].lower() in _VENDOR_WORDS:
         words = words[1:]
-    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(words))[:63]
+    value = re.sub(r"[^A-Za-z0-9_.]+", "-", " ".join(words))[:63]
     return value.strip("-_.")
 
 
