@@ -240,3 +240,7 @@ def gen_protos() -> None:
 
 if __name__ == "__main__":
     main()
+
+from gpuledger.health_cmd import health  # noqa: E402
+
+main.add_command(health)
