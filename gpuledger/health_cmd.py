@@ -1,6 +1,7 @@
 """``gpuledger health SERVICE``: the DaemonSet's liveness/readiness probe (an exec probe, no ports).
 
-A service is healthy when it answers, within the timeout, on the interface it serves:
+A service is healthy when it answers, within the timeout, on the interface it serves (``nats``: the
+broker accepts a connection and answers a flush):
 allocator, watchdog and vmanager a NATS request on their own subject (any answer counts, an error reply
 included: the process is alive and its loop turns; "no responders" or silence does not), the registrar
 GetDevicePluginOptions on both of its plugin sockets. Exit 0 when healthy, 1 otherwise, with the reason.
@@ -32,12 +33,24 @@ __all__ = ["check", "health"]
 PLUGIN_SOCKETS = ("vcore.sock", "vmemory.sock")
 
 
-async def _nats_answers(settings: Settings, subject: str, payload: Any, timeout: float) -> str | None:
+async def _connect(settings: Settings, timeout: float) -> tuple[Any, str]:
+    async def failed(*_: Any) -> None:  # nats-py logs to stderr without an error callback
+        return None
+
     try:
-        nc = await nats.connect(settings.nats_url, connect_timeout=timeout, max_reconnect_attempts=0,
-                                name="health-probe")
+        nc = await asyncio.wait_for(
+            nats.connect(settings.nats_url, connect_timeout=timeout, allow_reconnect=False,
+                         max_reconnect_attempts=0, error_cb=failed, name="health-probe"),
+            timeout)
     except Exception as exc:
-        return f"cannot reach NATS at {settings.nats_url}: {exc or type(exc).__name__}"
+        return None, f"cannot reach NATS at {settings.nats_url}: {exc or type(exc).__name__}"
+    return nc, ""
+
+
+async def _nats_answers(settings: Settings, subject: str, payload: Any, timeout: float) -> str | None:
+    nc, problem = await _connect(settings, timeout)
+    if nc is None:
+        return problem
     try:
         await nc.request(subject, msgspec.json.encode(payload), timeout=timeout)
     except nats.errors.NoRespondersError:
@@ -62,11 +75,26 @@ async def _plugins_answer(settings: Settings, timeout: float) -> str | None:
     return None
 
 
+async def _broker_answers(settings: Settings, timeout: float) -> str | None:
+    nc, problem = await _connect(settings, timeout)
+    if nc is None:
+        return problem
+    try:
+        await nc.flush(timeout=timeout)
+    except Exception as exc:
+        return f"NATS at {settings.nats_url} does not answer: {exc or type(exc).__name__}"
+    finally:
+        await nc.close()
+    return None
+
+
 async def check(service: str, settings: Settings, timeout: float) -> str | None:
     """None when healthy, else why not."""
     subjects = Subjects(settings.node_name)
     if service == "registrar":
         return await _plugins_answer(settings, timeout)
+    if service == "nats":
+        return await _broker_answers(settings, timeout)
     probes = {
         "allocator": (subjects.state, StateRequest()),
         "watchdog": (subjects.pods, PodsRequest(uid="health-probe")),
@@ -77,7 +105,7 @@ async def check(service: str, settings: Settings, timeout: float) -> str | None:
 
 
 @click.command()
-@click.argument("service", type=click.Choice(["registrar", "allocator", "vmanager", "watchdog"]))
+@click.argument("service", type=click.Choice(["registrar", "allocator", "vmanager", "watchdog", "nats"]))
 @click.option("--timeout", type=float, default=3.0, show_default=True, help="Seconds to wait for the answer.")
 @agent_options
 def health(service: str, timeout: float, **values: Any) -> None:

@@ -11,7 +11,7 @@ import pytest
 from gpuledger.health_cmd import check
 from tests.e2e.conftest import Node
 
-SERVICES = ("registrar", "allocator", "vmanager", "watchdog")
+SERVICES = ("registrar", "allocator", "vmanager", "watchdog", "nats")
 
 
 async def test_every_service_answers_its_probe(node: Node) -> None:
@@ -26,6 +26,8 @@ async def test_a_probe_fails_when_the_service_is_not_there(node: Node) -> None:
         assert problem is not None and "nothing answers" in problem, problem
     problem = await check("registrar", elsewhere, timeout=1)
     assert problem is not None and "vcore.sock does not exist" in problem
+    problem = await check("nats", node.settings.replace(nats_url="nats://127.0.0.1:1"), timeout=1)
+    assert problem is not None and "cannot reach NATS" in problem
 
 
 @pytest.mark.parametrize(("node_name", "code"), [(None, 0), ("another-node", 1)])
