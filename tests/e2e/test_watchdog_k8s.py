@@ -150,3 +150,24 @@ async def test_node_labels_are_set_kept_and_follow_the_configuration(wnode: Watc
     assert "team" not in labels() and labels()["tier"] == "gpu2" and labels()[MODEL_LABEL] == "V100-SXM2-16GB"
     annotation = wnode.sim.node.render()["metadata"]["annotations"][MANAGED_ANNOTATION]
     assert annotation == f"{MODEL_LABEL},tier"
+
+
+async def test_the_kubelet_view_matches_the_ledger_and_guards_releases(wnode: WatchdogNode) -> None:
+    from services.watchdog.kubeletpods import KubeletPods
+    from services.watchdog.recycling import _kubelet_still_runs
+
+    pod = await wnode.run_pod(gpu_pod("viewed", ("c", 50, 2)))
+    assert pod["status"]["phase"] == "Running"
+    held = [a for a in (await wnode.snapshot()).allocations if a.pod_name == "viewed"]
+    kubelet = KubeletPods(wnode.settings.pod_resources_socket, timeout=3)
+    view = await kubelet.view()
+    assert view is not None
+    assert view[("default", "viewed", "c")][RESOURCE_VCORE] == set(held[0].device_ids)
+    assert _kubelet_still_runs(view, held)  # a release would wait while the kubelet still runs it
+
+    await wnode.sim.delete_pod("default", "viewed")
+    await wnode.tap.wait("alloc.released", 1)
+    view = await kubelet.view()
+    assert view is not None and ("default", "viewed", "c") not in view
+    assert not _kubelet_still_runs(view, held)
+    assert await KubeletPods(str(wnode.settings.state_dir) + "/absent.sock", timeout=1).view() is None
