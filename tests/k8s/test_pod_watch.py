@@ -129,3 +129,19 @@ async def test_an_api_server_down_for_a_while_is_retried_with_backoff(watched: W
     await sim.start_api()
     await events.wait_for(lambda: ("ADDED", "while-down") in events.seen, timeout=15)
     assert source.resumes >= 1
+
+
+async def test_without_kubeconfig_option_the_environment_is_used(watched: Watched, monkeypatch) -> None:
+    """No --kubeconfig: lightkube's in-cluster service account, else $KUBECONFIG (here: no service account)."""
+    from lightkube.config.kubeconfig import SERVICE_ACCOUNT
+
+    assert not Path(SERVICE_ACCOUNT).exists()
+    assert watched.sim.cfg.kubeconfig_path is not None
+    monkeypatch.setenv("KUBECONFIG", str(watched.sim.cfg.kubeconfig_path))
+    await watched.sim.create_pod(pod_manifest("env", [ctr("c")]))
+    client = make_client("")
+    try:
+        pods = await PodSource(client, "n1", watched.events).list_fresh()
+    finally:
+        await client.close()
+    assert [p.metadata.name for p in pods] == ["env"]
