@@ -46,10 +46,17 @@ class AdmissionCleanup:
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
         self.deleted: list[str] = []  # pod keys, for logs and tests
+        self._done: set[str] = set()  # uids already deleted or left alone: act (and log) once per pod
+
+    def forget(self, pod_uid: str) -> None:
+        self._done.discard(pod_uid)
 
     async def delete_if_owned(self, pod: Pod) -> bool:
-        """Delete a controller-owned pod that failed admission; True when it was deleted (or gone)."""
+        """Delete a controller-owned pod that failed admission; True when this call deleted it."""
+        if pod.uid in self._done:
+            return False
         if not controller_owned(pod):
+            self._done.add(pod.uid)
             _log.info("pod failed admission; left in place (no controller owns it)", pod=pod.key)
             return False
         loop = asyncio.get_running_loop()
@@ -64,6 +71,7 @@ class AdmissionCleanup:
                 if exc.status.code not in (409, 429, 500, 503, 504) or loop.time() >= deadline:
                     raise
                 await asyncio.sleep(1.0)
+        self._done.add(pod.uid)
         self.deleted.append(pod.key)
         _log.info("deleted a pod that failed admission, so that its controller recreates it", pod=pod.key,
                   reason=pod.status.reason or PRESTART_FAILED)

@@ -95,6 +95,8 @@ class Recycler:
         if kind == "DELETED":
             await self.release(pod.uid, "deleted")
             self._released.discard(pod.uid)
+            if self.admission is not None:
+                self.admission.forget(pod.uid)
             return
         assert new is not None
         failed_admission = self.admission is not None and admission_failed(new)
