@@ -137,6 +137,10 @@ class NodeSimulator:
         host, self._api_port = runner.addresses[0][:2]
         self.api_url = f"http://[{host}]:{self._api_port}" if ":" in host else f"http://{host}:{self._api_port}"
 
+    @property
+    def api_serving(self) -> bool:
+        return self._runner is not None
+
     async def stop_api(self) -> None:
         """Fault injection: the API server goes away (open watches are cut, connections refused);
         the kubelet side keeps running. `start_api()` brings it back on the same port."""

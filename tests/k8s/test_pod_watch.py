@@ -113,7 +113,9 @@ async def test_the_410_comes_through_the_http_fault_endpoints_too(watched: Watch
     await sim.create_pod(pod_manifest("x", [ctr("c")]))
     await events.wait_for(lambda: ("ADDED", "x") in events.seen)
     await _post(sim, "/simulator/v1/faults/outage?seconds=1")
-    await asyncio.sleep(0.3)  # the outage has begun
+    async with asyncio.timeout(5):
+        while sim.api_serving:  # noqa: ASYNC110 (the outage begins in the background)
+            await asyncio.sleep(0.01)
     await sim.delete_pod("default", "x")
     sim.store.expire_history()
     await events.wait_for(lambda: ("DELETED", "x") in events.seen)
