@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ class RegistrationServer(dp_grpc.RegistrationServicer):
         self._manager = manager
         self._calls = calls
         self._server: grpc.aio.Server | None = None
+        self.started_at = 0.0
         self.clients: dict[str, PluginClient] = {}
         # Every connection still open, including replaced ones the kubelet never closes itself.
         self._open: set[PluginClient] = set()
@@ -110,6 +112,7 @@ class RegistrationServer(dp_grpc.RegistrationServicer):
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
+        self.started_at = time.monotonic()  # when kubelet.sock answers: plugins may register from here
         _log.info("serving registration", socket=str(self.socket_path))
 
     async def stop(self) -> None:
