@@ -4,6 +4,7 @@ again and re-registers within 2 s without exiting, and no allocation is lost."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -70,3 +71,21 @@ async def test_kubelet_restart_reregisters_within_two_seconds(profiled_node: Nod
     assert (await node.snapshot()).allocations == before.allocations  # nothing lost
     after = await node.run_pod(gpu_pod("after", ("c", 50, 2)))
     assert after["status"]["phase"] == "Running", after["status"]
+
+
+async def test_wiped_plugin_sockets_are_served_and_registered_again(profiled_node: Node) -> None:
+    """Only our sockets vanish (someone cleaned the directory), the kubelet keeps running: the registrar
+    re-serves and registers again, and the resources end up healthy under every profile."""
+    node = profiled_node
+    keeper = node.services["registrar"].kubelet
+    count = keeper.registrations
+    for name in ("vcore.sock", "vmemory.sock"):
+        (Path(node.settings.device_plugin_dir) / name).unlink()
+    async with asyncio.timeout(10):
+        while keeper.registrations < count + 1:  # noqa: ASYNC110 (a counter)
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)  # let the old streams' ends reach the kubelet
+    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=5)
+    await node.sim.wait_for_resource(RESOURCE_VMEMORY, 256, timeout=5)
+    pod = await node.run_pod(gpu_pod("after-wipe", ("c", 50, 2)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
