@@ -142,7 +142,9 @@ async def _wait_file(path: Path, timeout: float) -> None:
 @click.option("--api-port", type=int, default=0, help="Port of the Kubernetes-shaped API [default: any free port].")
 @click.option("--kubeconfig-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a kubeconfig pointing at the simulator's API here.")
-@click.option("--profile", default="1.25-1.36", show_default=True, help="Kubelet behaviour profile.")
+@click.option("--profile", default="1.25-1.36", show_default=True,
+              type=click.Choice(["legacy-1.24", "1.25-1.36", "main-2026"]),
+              help="Kubelet behaviour profile (kubelet-device-plugin.md 4.1).")
 @click.option("--seed", type=int, default=None, help="Seed every random choice, for repeatable runs.")
 @log_options
 def sim(**values: Any) -> None:
@@ -241,3 +243,4 @@ def gen_protos() -> None:
 if __name__ == "__main__":
     main()
 main.add_command(importlib.import_module("gpuledger.simulate_cmd").simulate)
+main.add_command(importlib.import_module("gpuledger.health_cmd").health)

@@ -37,7 +37,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "ALLOCATE_TIMEOUT": str(settings.allocate_timeout), "REQUEST_TIMEOUT": str(settings.request_timeout),
         "LOG_FORMAT": settings.log_format, "LOG_LEVEL": settings.log_level,
     }
-    return {f"GPULEDGER_{k}": v for k, v in values.items()}
+    # to_env() covers every Settings field, so fields added later reach the children too.
+    return {**settings.to_env(), **{f"GPULEDGER_{k}": v for k, v in values.items()}}
 
 
 @dataclass

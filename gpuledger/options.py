@@ -1,20 +1,25 @@
-"""The options every agent command shares, each with a GPULEDGER_* environment variable.
+"""The options every agent command shares: a flag, a GPULEDGER_* environment variable, a config-file key.
 
-Precedence is the usual one: a flag beats the environment, which beats the default. The collected
-values become one ``libs.config.Settings``.
+Precedence: a flag beats the environment, which beats the ``--config`` YAML file, which beats the
+default (the file fills click's ``default_map``, which click consults after flags and variables). A
+file key is an option's long name without the dashes, with ``-`` or ``_`` (``node-name``,
+``node_name``); gpu-manager's names (``hostname-override`` ...) work too. The collected values become
+one ``libs.config.Settings``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 import msgspec
+import yaml
 
 from libs.config import Settings, default_state_dir
 
-__all__ = ["agent_options", "log_options", "settings_from"]
+__all__ = ["agent_options", "config_option", "load_config_file", "log_options", "settings_from"]
 
 F = Callable[..., Any]
 
@@ -34,17 +39,17 @@ def log_options(fn: F) -> F:
 
 def agent_options(fn: F) -> F:
     decorators = [
-        _opt("--node-name", env=["GPULEDGER_NODE_NAME", "NODE_NAME"], default=None,
+        _opt("--node-name", "--hostname-override", env=["GPULEDGER_NODE_NAME", "NODE_NAME"], default=None,
              help="This node's Kubernetes name [default: the host name]."),
         _opt("--state-dir", env="GPULEDGER_STATE_DIR", default=default_state_dir, show_default=True,
              help="Where the event log (ledger.sqlite) and, by default, vm/ and vdriver/ live."),
-        _opt("--device-plugin-dir", env="GPULEDGER_DEVICE_PLUGIN_DIR",
+        _opt("--device-plugin-dir", "--device-plugin-path", env="GPULEDGER_DEVICE_PLUGIN_DIR",
              default="/var/lib/kubelet/device-plugins", show_default=True,
              help="The kubelet's device-plugin directory (kubelet.sock, our vcore.sock and vmemory.sock)."),
         _opt("--pod-resources-socket", env="GPULEDGER_POD_RESOURCES_SOCKET",
              default="/var/lib/kubelet/pod-resources/kubelet.sock", show_default=True,
              help="The kubelet's pod-resources socket."),
-        _opt("--vm-dir", env="GPULEDGER_VM_DIR", default="",
+        _opt("--vm-dir", "--virtual-manager-path", env="GPULEDGER_VM_DIR", default="",
              help="Per-pod vcuda directories, mounted at /etc/vcuda [default: STATE_DIR/vm]."),
         _opt("--vdriver-dir", env="GPULEDGER_VDRIVER_DIR", default="",
              help="Driver volumes nvidia/ and origin/ mounted at /usr/local/nvidia [default: STATE_DIR/vdriver]."),
@@ -60,10 +65,50 @@ def agent_options(fn: F) -> F:
              help="Seconds the kubelet's Allocate may wait for the allocator before it gets an error."),
         _opt("--request-timeout", env="GPULEDGER_REQUEST_TIMEOUT", type=float, default=5.0, show_default=True,
              help="Seconds any internal request between services may take."),
+        # issue 5: gpu-manager's --node-labels and --allocation-check-period
+        _opt("--node-labels", env="GPULEDGER_NODE_LABELS", default="",
+             help="Labels the watchdog keeps on the node, k=v,k2=v2 (the GPU model label is always set)."),
+        _opt("--allocation-check-period", env="GPULEDGER_ALLOCATION_CHECK_PERIOD", type=float, default=30.0,
+             show_default=True, help="Seconds between reconciliations of allocations against the node's pods."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
-    return log_options(fn)
+    return config_option(log_options(fn))
+
+
+def load_config_file(path: str, params: list[click.Parameter]) -> dict[str, Any]:
+    """The YAML file as click's ``default_map``: option name -> value; unknown keys are an error."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--config") from exc
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"{path} must hold a mapping of option: value", param_hint="--config")
+    names: dict[str, str] = {}
+    for param in params:
+        if isinstance(param, click.Option) and param.name and param.name != "config":
+            for opt in param.opts:
+                names[opt.lstrip("-").replace("-", "_")] = param.name
+    defaults: dict[str, Any] = {}
+    for key, value in data.items():
+        name = names.get(str(key).replace("-", "_"))
+        if name is None:
+            known = ", ".join(sorted({n for n in names.values()}))
+            raise click.BadParameter(f"{path}: unknown key {key!r}; known keys: {known}", param_hint="--config")
+        defaults[name] = value
+    return defaults
+
+
+def _use_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value, ctx.command.params)}
+    return value
+
+
+def config_option(fn: F) -> F:
+    return _opt("--config", env="GPULEDGER_CONFIG", default=None, is_eager=True, expose_value=False,
+                type=click.Path(dir_okay=False), callback=_use_config_file,
+                help="A YAML file of option: value (flags and environment variables beat it).")(fn)
 
 
 def settings_from(values: dict[str, Any], **overrides: Any) -> Settings:

@@ -1,18 +1,20 @@
-"""Settings shared by every process, built once by the CLI (flags > environment > defaults).
+"""Settings shared by every process, built once by the CLI (flag > environment > config file > default).
 
 Every path and endpoint the agent touches is here, so that it runs without root and against any
-kubelet directory or API server. The CLI gives each one a flag and a ``GPULEDGER_*`` variable.
+kubelet directory or API server. The CLI gives each one a flag, a ``GPULEDGER_<FIELD>`` variable and a
+key in the ``--config`` YAML file (the field name; dashes or underscores).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 
 import msgspec
 
-__all__ = ["Settings", "default_state_dir"]
+__all__ = ["Settings", "default_state_dir", "parse_node_labels"]
 
 MIB = 1 << 20
 MEMORY_BLOCK = 256 * MIB  # one tencent.com/vcuda-memory unit
@@ -40,12 +42,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     request_timeout: float = 5.0    # internal service-to-service requests
     log_format: str = "auto"
     log_level: str = "info"
+    # issue 5: gpu-manager's --node-labels and --allocation-check-period
+    node_labels: str = ""   # k=v,k2=v2: labels the watchdog keeps on the node (plus the GPU model label)
+    allocation_check_period: float = 30.0  # seconds between reconciliations (allocations vs pods)
 
     def __post_init__(self) -> None:
         if not self.node_name:
             raise msgspec.ValidationError("node_name must not be empty")
         if self.allocate_timeout <= 0 or self.request_timeout <= 0:
             raise msgspec.ValidationError("timeouts must be positive")
+        if self.allocation_check_period <= 0:
+            raise msgspec.ValidationError("allocation_check_period must be positive")
+        try:
+            parse_node_labels(self.node_labels)
+        except ValueError as exc:
+            raise msgspec.ValidationError(str(exc)) from exc
 
     @property
     def log_path(self) -> Path:
@@ -59,5 +70,41 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def vdriver_root(self) -> Path:
         return Path(self.vdriver_dir or Path(self.state_dir) / "vdriver")
 
+    @property
+    def node_label_map(self) -> dict[str, str]:
+        return parse_node_labels(self.node_labels)
+
     def replace(self, **changes: object) -> Settings:
         return msgspec.structs.replace(self, **changes)
+
+    def to_env(self) -> dict[str, str]:
+        """``GPULEDGER_<FIELD>`` for every field: the environment that rebuilds these Settings."""
+        out = {}
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            out[f"GPULEDGER_{name.upper()}"] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        return out
+
+
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def parse_node_labels(spec: str) -> dict[str, str]:
+    """gpu-manager's ``--node-labels`` syntax, ``k=v,k2=v2``; a malformed item is an error (gpu-manager
+    only logged it). Keys and values must be valid Kubernetes label keys and values."""
+    labels: dict[str, str] = {}
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep:
+            raise ValueError(f"node label {item!r} is not key=value")
+        prefix, slash, name = key.rpartition("/")
+        if not _LABEL_NAME.match(name) or (slash and not _LABEL_PREFIX.match(prefix)):
+            raise ValueError(f"node label key {key!r} is not a valid Kubernetes label key")
+        if value and not _LABEL_NAME.match(value):
+            raise ValueError(f"node label value {value!r} (key {key!r}) is not a valid Kubernetes label value")
+        labels[key] = value
+    return labels

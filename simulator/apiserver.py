@@ -6,7 +6,9 @@ patch (merge, strategic-as-merge, JSON patch), replace, delete, the status subre
 GET/PATCH of the Node. Errors are `Status` objects with `Content-Type: application/json` exactly,
 because lightkube only builds its ApiError for that exact header.
 
-Under /simulator/v1/ are the simulator's own controls (kubelet restart, run options, RPC log).
+Under /simulator/v1/ are the simulator's own controls (kubelet restart, run options, RPC log) and
+fault injection for clients: drop every watch connection, expire the watch history (resumes get 410
+Gone), and an outage (stop serving for N seconds).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .kubelet import Kubelet
 from .log import logger
 from .patches import apply_patch
 from .selectors import Selector, parse_field_selector, parse_label_selector
-from .store import Event
+from .store import DROP, Event
 
 if TYPE_CHECKING:
     from .simulator import NodeSimulator
@@ -197,6 +199,11 @@ async def watch_pods(request: web.Request, match: Selector) -> web.StreamRespons
                 continue
             if event is None:
                 break
+            if event == DROP:
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp
+            assert isinstance(event, Event)
             translated = _translate(event, match)
             if translated:
                 await send(*translated)
@@ -383,6 +390,26 @@ async def sim_run_options(request: web.Request) -> web.StreamResponse:
     return json_response(opts)
 
 
+async def sim_drop_watches(request: web.Request) -> web.StreamResponse:
+    return json_response({"dropped": _sim(request).store.drop_watches()})
+
+
+async def sim_expire(request: web.Request) -> web.StreamResponse:
+    return json_response({"compacted": _sim(request).store.expire_history()})
+
+
+async def sim_outage(request: web.Request) -> web.StreamResponse:
+    """Stop serving for `seconds` (answered first; the restart happens in the background)."""
+    try:
+        seconds = float(request.query.get("seconds", "1"))
+    except ValueError as err:
+        raise ApiError.bad_request(f"invalid seconds: {err}") from err
+    if not 0 < seconds <= 600:
+        raise ApiError.bad_request("seconds must be in (0, 600]")
+    _sim(request).schedule_api_outage(seconds)
+    return json_response({"outage_seconds": seconds})
+
+
 async def sim_calls(request: web.Request) -> web.StreamResponse:
     return json_response([c.to_dict() for c in _sim(request).calls])
 
@@ -419,6 +446,9 @@ def build_app(sim: NodeSimulator) -> web.Application:
         web.post("/simulator/v1/kubelet/restart", sim_restart_kubelet),
         web.get("/simulator/v1/pods/{ns}/{name}/containers/{container}", sim_run_options),
         web.get("/simulator/v1/calls", sim_calls),
+        web.post("/simulator/v1/faults/drop-watches", sim_drop_watches),
+        web.post("/simulator/v1/faults/expire", sim_expire),
+        web.post("/simulator/v1/faults/outage", sim_outage),
         web.get("/simulator/v1/resources", sim_resources),
     ])
     return app

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_PROFILE", "PROFILES", "SimConfig", "check_profile"]
+__all__ = ["DEFAULT_PROFILE", "LEGACY_PROFILE", "MAIN_PROFILE", "PROFILES", "SimConfig", "check_profile"]
 
 DEFAULT_PROFILE = "1.25-1.36"
-# Named so that callers can ask for them; only the default is implemented (see check_profile).
-PROFILES = ("legacy-1.24", DEFAULT_PROFILE, "main-2026")
+LEGACY_PROFILE = "legacy-1.24"
+MAIN_PROFILE = "main-2026"
+PROFILES = (LEGACY_PROFILE, DEFAULT_PROFILE, MAIN_PROFILE)
 
 # (pod, container name) -> preferred NUMA nodes, or None for "no hint" (topology policy `none`).
 NumaHint = Callable[[dict[str, Any], str], "set[int] | None"]
@@ -56,12 +57,7 @@ class SimConfig:
 
 
 def check_profile(profile: str) -> None:
-    """Refuse profiles we only know by name, so a test never silently runs the wrong kubelet."""
-    if profile == DEFAULT_PROFILE:
-        return
+    """Refuse unknown profiles, so a test never silently runs the wrong kubelet."""
     if profile in PROFILES:
-        raise NotImplementedError(
-            f"kubelet profile {profile!r} is not implemented by the simulator yet; "
-            f"only {DEFAULT_PROFILE!r} (kubelet 1.25 to 1.36) is"
-        )
+        return
     raise ValueError(f"unknown kubelet profile {profile!r}; known profiles: {', '.join(PROFILES)}")

@@ -148,13 +148,18 @@ class DeviceManager:
 
     # -- plugin events (called by the registration server) -------------------------------------
 
-    async def plugin_connected(self, resource: str, client: PluginClient) -> None:
-        """Fetch the options inside Register; RegisterRequest.options is ignored on purpose.
+    async def plugin_connected(self, resource: str, client: PluginClient,
+                               given: dp.DevicePluginOptions | None = None) -> None:
+        """Fetch the options inside Register; RegisterRequest.options is ignored on purpose
+        (except before 1.25, whose registration passes them as `given`).
 
         The kubelet sets no deadline on GetDevicePluginOptions; `options_timeout` (default 30 s)
         only keeps a broken plugin from hanging a test forever.
         """
         assert client.stub is not None
+        if given is not None:
+            self._connected(resource, client, given)
+            return
         req = dp.Empty()
         try:
             with self._calls.record("GetDevicePluginOptions", resource, req, client.socket) as rec:
@@ -166,6 +171,9 @@ class DeviceManager:
                 }
         except Exception as err:
             raise ConnectionError(f"failed to get device plugin options: {describe_error(err)}") from err
+        self._connected(resource, client, options)
+
+    def _connected(self, resource: str, client: PluginClient, options: dp.DevicePluginOptions) -> None:
         self.endpoints[resource] = Endpoint(resource, client, options, self._calls)
         self.removed.discard(resource)
         _log.info("device plugin connected", resource=resource, socket=client.socket)

@@ -60,6 +60,8 @@ class NodeSimulator:
             else None
         )
         self.api_url = ""
+        self._api_port = 0
+        self._background: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self._running = False
 
@@ -92,13 +94,7 @@ class NodeSimulator:
             await self.registration.start()
             if self.pod_resources is not None:
                 await self.pod_resources.start()
-            runner = web.AppRunner(build_app(self), shutdown_timeout=1.0, access_log=None)
-            await runner.setup()
-            self._runner = runner
-            site = web.TCPSite(runner, self.cfg.api_host, self.cfg.api_port)
-            await site.start()
-            host, port = runner.addresses[0][:2]
-            self.api_url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            await self.start_api()
             if self.cfg.kubeconfig_path is not None:
                 write_kubeconfig(self.cfg.kubeconfig_path, self.api_url)
             self.kubelet.start()
@@ -112,6 +108,8 @@ class NodeSimulator:
         if not self._running:
             return
         self._running = False
+        for task in list(self._background):
+            task.cancel()
         self.store.close()  # ends watch streams, so the HTTP server can shut down at once
         await self.kubelet.stop()
         if self._runner is not None:
@@ -121,6 +119,47 @@ class NodeSimulator:
             await self.pod_resources.stop()
         await self.registration.stop()
         _log.info("node simulator stopped", node=self.cfg.node_name)
+
+    async def start_api(self) -> None:
+        """Serve the HTTP API (again): on the configured port, or on the one used before."""
+        if self._runner is not None:
+            return
+        runner = web.AppRunner(build_app(self), shutdown_timeout=1.0, access_log=None)
+        await runner.setup()
+        port = self._api_port or self.cfg.api_port
+        site = web.TCPSite(runner, self.cfg.api_host, port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        host, self._api_port = runner.addresses[0][:2]
+        self.api_url = f"http://[{host}]:{self._api_port}" if ":" in host else f"http://{host}:{self._api_port}"
+
+    @property
+    def api_serving(self) -> bool:
+        return self._runner is not None
+
+    async def stop_api(self) -> None:
+        """Fault injection: the API server goes away (open watches are cut, connections refused);
+        the kubelet side keeps running. `start_api()` brings it back on the same port."""
+        self.store.drop_watches()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    def schedule_api_outage(self, seconds: float) -> None:
+        async def outage() -> None:
+            await asyncio.sleep(0.05)  # let the HTTP answer that asked for it go out first
+            await self.stop_api()
+            await asyncio.sleep(seconds)
+            if self._running:
+                await self.start_api()
+
+        task = asyncio.create_task(outage(), name="api-outage")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def restart_kubelet(self) -> None:
         """Spec 4.1 restart(): drop plugin connections and kubelet.sock, wipe the sockets, rebuild

@@ -20,7 +20,7 @@ from typing import Any
 from .errors import ApiError
 from .notify import Changes
 
-__all__ = ["Event", "PodStore", "Watcher", "now_rfc3339"]
+__all__ = ["DROP", "Event", "PodStore", "Watcher", "now_rfc3339"]
 
 Pod = dict[str, Any]
 
@@ -37,11 +37,15 @@ class Event:
     previous: Pod | None  # the object before a MODIFIED, for selector transitions
 
 
+DROP = "drop"  # in a watcher's queue: cut the connection without ending the stream properly
+
+
 class Watcher:
-    """One watch stream's inbox. `None` in the queue means "the server is closing"."""
+    """One watch stream's inbox. `None` in the queue means "the server is closing"; `DROP` means
+    "cut the connection" (fault injection: what a client sees when a proxy or the server dies)."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[Event | str | None] = asyncio.Queue()
 
 
 class PodStore:
@@ -175,6 +179,21 @@ class PodStore:
 
     def unwatch(self, watcher: Watcher) -> None:
         self._watchers.discard(watcher)
+
+    # -- fault injection -----------------------------------------------------------------------
+
+    def drop_watches(self) -> int:
+        """Cut every open watch connection; return how many there were."""
+        for watcher in self._watchers:
+            watcher.queue.put_nowait(DROP)
+        return len(self._watchers)
+
+    def expire_history(self) -> int:
+        """Forget every stored event (as etcd compaction does): a watch resuming from any version
+        older than now gets 410 Gone. Returns the compaction point."""
+        self._history.clear()
+        self._compacted_rv = self._rv
+        return self._rv
 
     def close(self) -> None:
         """End every watch stream (server shutdown)."""

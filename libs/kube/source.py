@@ -2,9 +2,14 @@
 
 The same code runs against a real API server (in-cluster service account or a kubeconfig) and
 against the simulator's API: only the kubeconfig differs. The cache is keyed by pod UID; every change
-reaches ``on_change(kind, old, new)``. Any watch failure (a dropped connection, a 410 Gone for a
-too-old resourceVersion, an API server that is down) leads to a fresh list after a backoff, and the
-fresh list is diffed against the cache so that changes missed meanwhile still produce callbacks.
+reaches ``on_change(kind, old, new)``.
+
+Informer rules, as client-go's reflector: list (field selector ``spec.nodeName``), then watch from the
+list's resourceVersion with ``allowWatchBookmarks``; remember the resourceVersion of every event,
+bookmarks included, so a dropped watch resumes where it stopped without listing again. Only a 410 Gone
+(the version was compacted away) forces a fresh list, which is diffed against the cache so changes
+missed meanwhile still produce callbacks. Connection failures (an API server that is down) are retried
+with exponential backoff, capped at ``MAX_BACKOFF``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx2
 import msgspec
-from lightkube import AsyncClient, KubeConfig
+from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod as KubePod
 
 from libs.kube.pods import Pod
@@ -24,6 +29,9 @@ __all__ = ["ChangeHandler", "PodSource", "make_client"]
 
 ChangeHandler = Callable[[str, Pod | None, Pod | None], Awaitable[None]]
 _log = get_logger("pods")
+MIN_BACKOFF = 0.2
+MAX_BACKOFF = 5.0
+WATCH_TIMEOUT = 300  # seconds the server keeps one watch request open (lightkube re-issues it)
 
 
 def make_client(kubeconfig: str = "") -> AsyncClient:
@@ -43,32 +51,67 @@ class PodSource:
         self.on_change = on_change
         self.pods: dict[str, Pod] = {}
         self.synced = asyncio.Event()
+        self.resource_version = ""  # of the newest event seen (bookmarks included)
+        # Counters, for logs and tests: full lists, watches resumed from a version, 410s, bookmarks.
         self.relists = 0
+        self.resumes = 0
+        self.expired = 0
+        self.bookmarks = 0
+
+    @property
+    def _fields(self) -> dict[str, str]:
+        return {"spec.nodeName": self.node}
 
     async def list_fresh(self) -> list[Pod]:
         """The node's pods straight from the API server (not the cache)."""
-        return [to_pod(o) async for o in self.client.list(KubePod, namespace="*", fields={"spec.nodeName": self.node})]
+        return [to_pod(o) async for o in self.client.list(KubePod, namespace=ALL_NS, fields=self._fields)]
 
     async def run(self) -> None:
-        backoff = 0.2
+        backoff = MIN_BACKOFF
+        version = ""
         while True:
             try:
-                version = await self._relist()
-                backoff = 0.2
-                async for kind, obj in self.client.watch(
-                    KubePod, namespace="*", fields={"spec.nodeName": self.node}, resource_version=version
-                ):
+                if not version:
+                    version = await self._relist()
+                else:
+                    self.resumes += 1
+                backoff = MIN_BACKOFF
+                async for kind, obj in self._watch(version):
+                    version = self.resource_version = obj.metadata.resourceVersion or version
+                    if kind == "BOOKMARK":
+                        self.bookmarks += 1
+                        continue
                     await self._apply(kind, to_pod(obj))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # any failure: back off, then list again from scratch
-                _log.warning("pod watch interrupted; listing again", error=str(exc) or type(exc).__name__,
-                             retry_in=backoff)
+            except ApiError as exc:
+                if exc.status.code == 410:  # our version was compacted away: list again, at once
+                    self.expired += 1
+                    _log.info("pod watch expired (410 Gone); listing again", resource_version=version)
+                    version = ""
+                    continue
+                _log.warning("pod watch failed", error=str(exc), code=exc.status.code, retry_in=backoff)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+            except Exception as exc:  # connection trouble: back off, then resume from `version`
+                _log.warning("pod watch interrupted; resuming", error=str(exc) or type(exc).__name__,
+                             resource_version=version, retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _watch(self, version: str):  # type: ignore[no-untyped-def]
+        # AsyncClient.watch has no allowWatchBookmarks parameter; the request is built the same way,
+        # through lightkube's own request builder, with that one parameter added.
+        generic = self.client._client
+        request = generic.prepare_request(
+            "list", res=KubePod, namespace=ALL_NS, watch=True,
+            params={"timeoutSeconds": WATCH_TIMEOUT, "resourceVersion": version, "allowWatchBookmarks": "true",
+                    "fieldSelector": f"spec.nodeName={self.node}"},
+        )
+        return generic.watch(request)
 
     async def _relist(self) -> str:
-        listing = self.client.list(KubePod, namespace="*", fields={"spec.nodeName": self.node})
+        listing = self.client.list(KubePod, namespace=ALL_NS, fields=self._fields)
         fresh = {p.uid: p async for p in _pods(listing)}
         version = listing.resourceVersion
         self.relists += 1
@@ -80,12 +123,11 @@ class PodSource:
                 await self._apply("ADDED", pod)
             elif old != pod:
                 await self._apply("MODIFIED", pod)
+        self.resource_version = version
         self.synced.set()
         return version
 
     async def _apply(self, kind: str, pod: Pod) -> None:
-        if kind == "BOOKMARK":
-            return
         old = self.pods.get(pod.uid)
         if kind == "DELETED":
             self.pods.pop(pod.uid, None)

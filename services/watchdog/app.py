@@ -1,4 +1,5 @@
-"""Watchdog composition root: Kubernetes pod source -> recycling + pod queries on NATS."""
+"""Watchdog composition root: Kubernetes pod source -> recycling, admission cleanup, annotation repair,
+node labels and pod queries on NATS."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from libs.commands import PodsRequest
 from libs.config import Settings
 from libs.kube.source import PodSource, make_client
 from libs.runtime import Supervisor
+from services.watchdog.admission import AdmissionCleanup
+from services.watchdog.annotations import AnnotationRepair
+from services.watchdog.kubeletpods import KubeletPods
+from services.watchdog.labels import NodeLabeler
 from services.watchdog.podquery import PodQuery
 from services.watchdog.recycling import Recycler
 
-__all__ = ["RECONCILE_PERIOD", "WatchdogService", "service"]
-
-RECONCILE_PERIOD = 30.0  # gpu-manager's --allocation-check-period default
+__all__ = ["WatchdogService", "service"]
 
 
 @dataclass
@@ -27,18 +30,25 @@ class WatchdogService:
 
 
 @asynccontextmanager
-async def service(settings: Settings, *, reconcile_period: float = RECONCILE_PERIOD) -> AsyncIterator[WatchdogService]:
+async def service(settings: Settings, *, reconcile_period: float | None = None) -> AsyncIterator[WatchdogService]:
     async with AsyncExitStack() as stack:
         bus = await Bus.connect(settings.nats_url, name="watchdog", node=settings.node_name)
         stack.push_async_callback(bus.close)
         client = make_client(settings.kubeconfig)
         stack.push_async_callback(client.close)
-        recycler = Recycler(bus, settings.request_timeout)
+        recycler = Recycler(
+            bus, settings.request_timeout,
+            admission=AdmissionCleanup(client),
+            annotations=AnnotationRepair(client),
+            labeler=NodeLabeler(client, settings.node_name, settings.node_label_map),
+            kubelet=KubeletPods(settings.pod_resources_socket, settings.request_timeout),
+        )
         source = PodSource(client, settings.node_name, recycler.on_change)
         recycler.source = source
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))
         supervisor = Supervisor("watchdog")
         stack.push_async_callback(supervisor.aclose)
         supervisor.spawn(source.run(), "pod-watch")
-        supervisor.spawn(recycler.reconcile_forever(reconcile_period), "reconcile")
+        period = reconcile_period if reconcile_period is not None else settings.allocation_check_period
+        supervisor.spawn(recycler.reconcile_forever(period), "reconcile")
         yield WatchdogService(source=source, recycler=recycler, supervisor=supervisor)

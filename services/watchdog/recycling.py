@@ -2,29 +2,54 @@
 
 A pod stops holding its shares when it is deleted or reaches Succeeded/Failed (gpu-manager's
 "active", gpu-manager-reference.md 4.1). gpu-manager only noticed at the next Allocate; here the watch
-event itself triggers the release. Reconciliation compares the allocator's holders with the pods the
-API server knows, so releases missed while a service was down are repaired; it double-checks with a
-fresh list before releasing anything, because a stale cache must never free a running pod's GPU.
+event itself triggers the release. A pod that failed admission is also deleted when a controller owns
+it (4.3), so the controller makes a new one.
+
+The periodic reconciliation (gpu-manager's checkAllocation, every ``--allocation-check-period``, and
+once at start) compares the allocator's holders with a fresh list from the API server and with the
+kubelet's pod-resources List, and repairs what was missed while a service was down: it releases the
+shares of pods that are gone (reason ``reconcile: pod <deleted|succeeded|failed|terminated>``, as a
+committed ``alloc.released`` event), deletes owned pods that failed admission, patches running pods
+whose annotations disagree with the ledger, and keeps the node labels current. A stale cache must
+never free a running pod's GPU, so a release needs the fresh list, and the kubelet's agreement when
+its socket answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
 
 from libs.bus.client import Bus
-from libs.commands import PodChanged, ReleaseReply, ReleaseRequest, StateReply, StateRequest
+from libs.commands import (
+    InventoryReply,
+    InventoryRequest,
+    PodChanged,
+    ReleaseReply,
+    ReleaseRequest,
+    StateReply,
+    StateRequest,
+)
 from libs.errors import BusError
-from libs.kube.pods import Pod, is_active
+from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.kube.source import PodSource
+from libs.ledger.state import Allocation
 from libs.log import get_logger
+from services.watchdog.admission import AdmissionCleanup, admission_failed
+from services.watchdog.annotations import AnnotationRepair
+from services.watchdog.kubeletpods import KubeletPods, KubeletView
+from services.watchdog.labels import NodeLabeler
 
-__all__ = ["Recycler"]
+__all__ = ["Recycler", "Repairs"]
 
 _log = get_logger("watchdog")
 _VERBS = {"ADDED": "added", "MODIFIED": "updated", "DELETED": "deleted"}
 
 
-def _reason(pod: Pod) -> str:
+def _reason(pod: Pod | None) -> str:
+    if pod is None:
+        return "deleted"
     if pod.metadata.deletion_timestamp:
         return "deleted"  # the API's MODIFIED with deletionTimestamp comes before its DELETED
     if pod.status.phase in ("Succeeded", "Failed"):
@@ -32,11 +57,33 @@ def _reason(pod: Pod) -> str:
     return "terminated"
 
 
+@dataclass
+class Repairs:
+    """What one reconciliation pass did."""
+
+    released: dict[str, str] = field(default_factory=dict)  # pod uid -> reason
+    deferred: list[str] = field(default_factory=list)       # gone per the API, still running per the kubelet
+    deleted: list[str] = field(default_factory=list)        # pod keys (failed admission, controller-owned)
+    patched: list[str] = field(default_factory=list)        # pod keys whose annotations were repaired
+    unrecorded: list[str] = field(default_factory=list)     # kubelet vcore assignments the ledger lacks
+    labels_updated: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.released or self.deleted or self.patched or self.unrecorded or self.labels_updated)
+
+
 class Recycler:
-    def __init__(self, bus: Bus, timeout: float) -> None:
+    def __init__(self, bus: Bus, timeout: float, *, admission: AdmissionCleanup | None = None,
+                 annotations: AnnotationRepair | None = None, labeler: NodeLabeler | None = None,
+                 kubelet: KubeletPods | None = None) -> None:
         self.bus = bus
         self.timeout = timeout
         self.source: PodSource | None = None
+        self.admission = admission
+        self.annotations = annotations
+        self.labeler = labeler
+        self.kubelet = kubelet
+        self.passes = 0  # finished reconciliation passes, for tests
         self._released: set[str] = set()  # pods already released, so MODIFIED events do not repeat it
 
     async def on_change(self, kind: str, old: Pod | None, new: Pod | None) -> None:
@@ -48,10 +95,18 @@ class Recycler:
         if kind == "DELETED":
             await self.release(pod.uid, "deleted")
             self._released.discard(pod.uid)
-        elif new is not None and not is_active(new) and pod.uid not in self._released:
-            reason = _reason(new)
+            if self.admission is not None:
+                self.admission.forget(pod.uid)
+            return
+        assert new is not None
+        failed_admission = self.admission is not None and admission_failed(new)
+        if (failed_admission or not is_active(new)) and pod.uid not in self._released:
+            reason = f"admission failed: {new.status.reason or 'PreStartContainer'}" if failed_admission \
+                else _reason(new)
             if await self.release(pod.uid, reason):
                 self._released.add(pod.uid)
+        if failed_admission and self.admission is not None:
+            await self.admission.delete_if_owned(new)
 
     async def release(self, pod_uid: str, reason: str) -> bool:
         try:
@@ -66,29 +121,69 @@ class Recycler:
             _log.info("released", pod_uid=pod_uid, reason=reason, allocations=len(reply.released))
         return True
 
-    async def reconcile(self) -> list[str]:
-        """Release every holder the API server no longer reports as active; return their UIDs."""
+    async def reconcile(self) -> Repairs:
         assert self.source is not None
         await asyncio.wait_for(self.source.synced.wait(), self.timeout)
-        reply = await self.bus.request(self.bus.subjects.state, StateRequest(), StateReply, timeout=self.timeout)
-        holders = {a.pod_uid for a in reply.snapshot.allocations}
-        suspects = {u for u in holders if u not in self.source.pods or not is_active(self.source.pods[u])}
-        if not suspects:
-            return []
+        repairs = Repairs()
+        state = await self.bus.request(self.bus.subjects.state, StateRequest(), StateReply, timeout=self.timeout)
+        held: dict[str, list[Allocation]] = defaultdict(list)
+        for alloc in state.snapshot.allocations:
+            held[alloc.pod_uid].append(alloc)
         fresh = {p.uid: p for p in await self.source.list_fresh()}
-        gone = sorted(u for u in suspects if u not in fresh or not is_active(fresh[u]))
-        for uid in gone:
-            await self.release(uid, "reconcile")
-        return gone
+        kubelet = await self.kubelet.view() if self.kubelet is not None else None
+
+        for uid, allocs in sorted(held.items()):
+            pod = fresh.get(uid)
+            if pod is not None and is_active(pod):
+                continue
+            if kubelet is not None and _kubelet_still_runs(kubelet, allocs):
+                repairs.deferred.append(uid)
+                continue
+            reason = f"reconcile: pod {_reason(pod)}"
+            if await self.release(uid, reason):
+                repairs.released[uid] = reason
+                self._released.add(uid)
+
+        for pod in fresh.values():
+            if self.admission is not None and admission_failed(pod) and await self.admission.delete_if_owned(pod):
+                repairs.deleted.append(pod.key)
+            elif (self.annotations is not None and pod.status.phase == "Running" and held.get(pod.uid)
+                  and await self.annotations.repair(pod, held[pod.uid])):
+                repairs.patched.append(pod.key)
+
+        if kubelet is not None:
+            recorded = {d for allocs in held.values() for a in allocs for d in a.device_ids}
+            for (ns, name, ctr), devices in sorted(kubelet.items()):
+                if devices.get(RESOURCE_VCORE, set()) - recorded:
+                    repairs.unrecorded.append(f"{ns}/{name}/{ctr}")
+            if repairs.unrecorded:
+                _log.warning("the kubelet reports GPU devices the ledger does not hold", containers=repairs.unrecorded)
+
+        if self.labeler is not None:
+            inventory = await self.bus.request(self.bus.subjects.inventory, InventoryRequest(), InventoryReply,
+                                               timeout=self.timeout)
+            repairs.labels_updated = await self.labeler.ensure([g.name for g in inventory.inventory.gpus])
+        self.passes += 1
+        return repairs
 
     async def reconcile_forever(self, period: float) -> None:
         while True:
             try:
-                gone = await self.reconcile()
-                if gone:
-                    _log.info("reconciliation released allocations of pods that are gone", pods=gone)
+                repairs = await self.reconcile()
+                if repairs:
+                    _log.info("reconciliation repaired state", released=repairs.released, deleted=repairs.deleted,
+                              patched=repairs.patched, labels_updated=repairs.labels_updated)
             except (BusError, TimeoutError, OSError) as exc:
                 _log.warning("reconciliation skipped", error=str(exc) or type(exc).__name__)
             except Exception as exc:  # an API error: try again next period
                 _log.warning("reconciliation failed", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(period)
+
+
+def _kubelet_still_runs(kubelet: KubeletView, allocs: list[Allocation]) -> bool:
+    """Some container of the allocation is still listed by the kubelet with its vcore device IDs."""
+    for alloc in allocs:
+        listed = kubelet.get((alloc.namespace, alloc.pod_name, alloc.container), {}).get(RESOURCE_VCORE, set())
+        if listed & set(alloc.device_ids):
+            return True
+    return False

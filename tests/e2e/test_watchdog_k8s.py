@@ -1,0 +1,173 @@
+"""The watchdog on the (simulated) Kubernetes API over real HTTP, with the real allocator, registrar and
+vmanager on a real nats-server: repairs after a watchdog outage, admission-failure cleanup,
+annotation repair and node labels."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libs.bus.server import NatsServer
+from libs.config import Settings
+from libs.kube.pods import RESOURCE_VCORE
+from services.allocator import app as allocator_app
+from services.registrar import app as registrar_app
+from services.vmanager import app as vmanager_app
+from services.watchdog import app as watchdog_app
+from services.watchdog.app import WatchdogService
+from services.watchdog.labels import MANAGED_ANNOTATION, MODEL_LABEL
+from tests.e2e.conftest import Node, _base, gpu_pod, settings_for
+
+PERIOD = 0.5  # reconciliation period in these tests
+
+
+class WatchdogNode(Node):
+    _watchdog_cm: AbstractAsyncContextManager[WatchdogService] | None = None
+
+    @property
+    def watchdog(self) -> WatchdogService:
+        return self.services["watchdog"]
+
+    async def start_watchdog(self, settings: Settings | None = None) -> WatchdogService:
+        self.settings = settings or self.settings
+        self._watchdog_cm = watchdog_app.service(self.settings, reconcile_period=PERIOD)
+        self.services["watchdog"] = await self._watchdog_cm.__aenter__()
+        await asyncio.wait_for(self.watchdog.source.synced.wait(), 10)
+        return self.watchdog
+
+    async def stop_watchdog(self) -> None:
+        cm, self._watchdog_cm = self._watchdog_cm, None
+        if cm is not None:
+            await cm.__aexit__(None, None, None)
+
+    async def passes(self, count: int = 2, timeout: float = 15) -> None:
+        """Wait until `count` more reconciliation passes have finished."""
+        target = self.watchdog.recycler.passes + count
+        async with asyncio.timeout(timeout):
+            while self.watchdog.recycler.passes < target:  # noqa: ASYNC110 (a counter)
+                await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def wnode(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[WatchdogNode]:
+    settings = settings_for(short_dir, nats_server.url, node_labels="team=ml,tier=gpu")
+    async with AsyncExitStack() as stack:
+        base = await _base(stack, short_dir, nats_server.url, settings)
+        node = WatchdogNode(sim=base.sim, settings=settings, bus=base.bus, tap=base.tap)
+        node.services["allocator"] = await stack.enter_async_context(allocator_app.service(settings))
+        await node.start_watchdog()
+        stack.push_async_callback(node.stop_watchdog)
+        node.services["vmanager"] = await stack.enter_async_context(vmanager_app.service(settings))
+        node.services["registrar"] = await stack.enter_async_context(registrar_app.service(settings))
+        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
+        yield node
+
+
+def owned(manifest: dict[str, Any]) -> dict[str, Any]:
+    manifest["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                                                "uid": "rs-uid", "controller": True}]
+    return manifest
+
+
+async def test_a_pod_deleted_while_the_watchdog_was_down_is_released_with_a_reason(wnode: WatchdogNode) -> None:
+    kept = await wnode.run_pod(gpu_pod("kept", ("c", 50, 2)))
+    gone = await wnode.run_pod(gpu_pod("gone", ("c", 100, 0)))
+    assert kept["status"]["phase"] == gone["status"]["phase"] == "Running"
+    await wnode.stop_watchdog()
+    await wnode.sim.delete_pod("default", "gone")
+    await asyncio.sleep(0.5)
+    assert {a.pod_name for a in (await wnode.snapshot()).allocations} == {"kept", "gone"}  # nobody noticed
+
+    await wnode.start_watchdog()
+    released = await wnode.tap.wait("alloc.released", 1)
+    assert released[0].data["pod_uid"] == gone["metadata"]["uid"]
+    assert released[0].data["reason"] == "reconcile: pod deleted"
+    assert {a.pod_name for a in (await wnode.snapshot()).allocations} == {"kept"}
+    await wnode.passes(2)
+    assert len(wnode.tap.of("alloc.released")) == 1  # the running pod is never touched
+
+
+async def test_an_owned_pod_that_failed_admission_is_deleted_and_a_naked_one_kept(wnode: WatchdogNode) -> None:
+    for i in range(4):
+        assert (await wnode.run_pod(gpu_pod(f"full-{i}", ("c", 100, 0))))["status"]["phase"] == "Running"
+    naked = await wnode.run_pod(gpu_pod("naked", ("c", 100, 0)))
+    assert naked["status"]["reason"] == "UnexpectedAdmissionError"
+    created = await wnode.sim.create_pod(owned(gpu_pod("owned", ("c", 100, 0))))
+    async with asyncio.timeout(15):
+        while wnode.sim.get_pod("default", "owned") is not None:  # noqa: ASYNC110 (the store has no event here)
+            await asyncio.sleep(0.05)
+    assert "default/owned" in wnode.watchdog.recycler.admission.deleted  # type: ignore[union-attr]
+    await wnode.passes(2)
+    assert wnode.sim.get_pod("default", "naked")["status"]["phase"] == "Failed"  # type: ignore[index]
+    assert created["metadata"]["uid"] not in {a.pod_uid for a in (await wnode.snapshot()).allocations}
+
+
+async def test_annotations_that_disagree_with_the_ledger_are_patched(wnode: WatchdogNode) -> None:
+    pod = await wnode.run_pod(gpu_pod("annotated", ("a", 30, 1), ("b", 100, 0)))
+    snap = await wnode.snapshot()
+    minors = {a.container: ",".join(str(s.minor) for s in a.shares) for a in snap.allocations}
+    wanted = {"tencent.com/predicate-gpu-idx-0": minors["a"], "tencent.com/predicate-gpu-idx-1": minors["b"],
+              "tencent.com/gpu-assigned": "true"}
+
+    def annotations() -> dict[str, str]:
+        current = wnode.sim.get_pod("default", "annotated")
+        assert current is not None
+        return current["metadata"].get("annotations") or {}
+
+    await wnode.passes(2)
+    assert wanted.items() <= annotations().items()
+    # Someone edits them: the next pass puts the recorded values back, and nothing else changes.
+    wnode.sim.store.update("default", "annotated", lambda p: p["metadata"]["annotations"].update(
+        {"tencent.com/predicate-gpu-idx-0": "9", "tencent.com/gpu-assigned": "false", "other": "x"}))
+    await wnode.passes(2)
+    assert wanted.items() <= annotations().items() and annotations()["other"] == "x"
+    assert pod["metadata"]["uid"] in {a.pod_uid for a in (await wnode.snapshot()).allocations}
+
+
+async def test_node_labels_are_set_kept_and_follow_the_configuration(wnode: WatchdogNode) -> None:
+    def labels() -> dict[str, str]:
+        return wnode.sim.node.render()["metadata"]["labels"]
+
+    await wnode.passes(2)
+    assert labels()[MODEL_LABEL] == "V100-SXM2-16GB"
+    assert labels()["team"] == "ml" and labels()["tier"] == "gpu"
+    assert labels()["kubernetes.io/hostname"] == wnode.settings.node_name  # others untouched
+
+    # Someone removes one: it comes back. A label dropped from the configuration goes away.
+    node = wnode.sim.node.render()
+    del node["metadata"]["labels"]["team"]
+    wnode.sim.node.replace(node)
+    await wnode.passes(2)
+    assert labels()["team"] == "ml"
+    await wnode.stop_watchdog()
+    await wnode.start_watchdog(wnode.settings.replace(node_labels="tier=gpu2"))
+    await wnode.passes(2)
+    assert "team" not in labels() and labels()["tier"] == "gpu2" and labels()[MODEL_LABEL] == "V100-SXM2-16GB"
+    annotation = wnode.sim.node.render()["metadata"]["annotations"][MANAGED_ANNOTATION]
+    assert annotation == f"{MODEL_LABEL},tier"
+
+
+async def test_the_kubelet_view_matches_the_ledger_and_guards_releases(wnode: WatchdogNode) -> None:
+    from services.watchdog.kubeletpods import KubeletPods
+    from services.watchdog.recycling import _kubelet_still_runs
+
+    pod = await wnode.run_pod(gpu_pod("viewed", ("c", 50, 2)))
+    assert pod["status"]["phase"] == "Running"
+    held = [a for a in (await wnode.snapshot()).allocations if a.pod_name == "viewed"]
+    kubelet = KubeletPods(wnode.settings.pod_resources_socket, timeout=3)
+    view = await kubelet.view()
+    assert view is not None
+    assert view[("default", "viewed", "c")][RESOURCE_VCORE] == set(held[0].device_ids)
+    assert _kubelet_still_runs(view, held)  # a release would wait while the kubelet still runs it
+
+    await wnode.sim.delete_pod("default", "viewed")
+    await wnode.tap.wait("alloc.released", 1)
+    view = await kubelet.view()
+    assert view is not None and ("default", "viewed", "c") not in view
+    assert not _kubelet_still_runs(view, held)
+    assert await KubeletPods(str(wnode.settings.state_dir) + "/absent.sock", timeout=1).view() is None
