@@ -1,0 +1,87 @@
+"""Each service's HTTP endpoint: Prometheus ``/metrics`` (and gpu-manager's ``/metric``), plus JSON routes.
+
+Every service has its own `CollectorRegistry` (several services share one process in tests) and its
+own port: the base ``--metrics-port`` plus the service's offset. Collectors read in-memory state only;
+nothing on a scrape touches NVML or the disk (gpu-manager's per-scrape NVML queries overloaded nodes,
+upstream #99): GPU usage is sampled in the background and the scrape reads the last sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from libs.config import Settings
+from libs.log import get_logger
+
+__all__ = ["PORT_OFFSETS", "MetricsServer", "metrics_port", "timed"]
+
+PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3}
+
+_log = get_logger("metrics")
+
+Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def metrics_port(settings: Settings, service: str) -> int:
+    """The service's port; 0 when metrics are off."""
+    return settings.metrics_port + PORT_OFFSETS[service] if settings.metrics_port else 0
+
+
+class MetricsServer:
+    def __init__(self, service: str, registry: CollectorRegistry, *, host: str, port: int,
+                 routes: dict[str, Route] | None = None) -> None:
+        self.service = service
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._routes = routes or {}
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metric", self._metrics)  # gpu-manager's path, for existing scrape configs
+        for path, handler in self._routes.items():
+            app.router.add_get(path, handler)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise OSError(exc.errno, f"{self.service}: cannot serve metrics on {self.host}:{self.port}: "
+                                     f"{exc.strerror}; pick another --metrics-port (0 turns it off)") from exc
+        _log.info("serving metrics", port=self.port, paths=["/metrics", *self._routes])
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def timed(fn: Callable[..., Awaitable[Any]], histogram: Histogram,
+          outcome: Callable[[BaseException | None], dict[str, str]]) -> Callable[..., Awaitable[Any]]:
+    """``fn`` with each call's duration observed in ``histogram``, labelled by ``outcome(error)``."""
+
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            histogram.labels(**outcome(exc)).observe(time.perf_counter() - start)
+            raise
+        histogram.labels(**outcome(None)).observe(time.perf_counter() - start)
+        return result
+
+    return wrapper
