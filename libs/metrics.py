@@ -74,14 +74,18 @@ def timed(fn: Callable[..., Awaitable[Any]], histogram: Histogram,
           outcome: Callable[[BaseException | None], dict[str, str]]) -> Callable[..., Awaitable[Any]]:
     """``fn`` with each call's duration observed in ``histogram``, labelled by ``outcome(error)``."""
 
+    def observe(exc: BaseException | None, start: float) -> None:
+        labels = outcome(exc)
+        (histogram.labels(**labels) if labels else histogram).observe(time.perf_counter() - start)
+
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            histogram.labels(**outcome(exc)).observe(time.perf_counter() - start)
+            observe(exc, start)
             raise
-        histogram.labels(**outcome(None)).observe(time.perf_counter() - start)
+        observe(None, start)
         return result
 
     return wrapper

@@ -27,8 +27,12 @@ __all__ = [
     "FakeMonitor",
     "GpuMonitor",
     "GpuSample",
+    "InjectReply",
+    "InjectRequest",
     "ProcessSample",
+    "apply_injection",
     "container_id_of",
+    "inject_subject",
     "open_monitor",
 ]
 
@@ -87,17 +91,17 @@ class FakeMonitor:
         self._processes: dict[int, tuple[ProcessSample, ...]] = {}
         self._probe_errors: dict[int, str] = {}
 
-    def _check(self, index: int) -> None:
+    def check(self, index: int) -> None:
         if not 0 <= index < self._n:
             raise ValueError(f"no GPU {index} on this node (it has {self._n})")
 
     # --- injection ---
     def inject(self, event: GpuEvent) -> None:
-        self._check(event.index)
+        self.check(event.index)
         self._events.put(event)
 
     def set_probe_error(self, index: int, error: str | None) -> None:
-        self._check(index)
+        self.check(index)
         with self._lock:
             if error:
                 self._probe_errors[index] = error
@@ -105,7 +109,7 @@ class FakeMonitor:
                 self._probe_errors.pop(index, None)
 
     def set_processes(self, index: int, processes: tuple[ProcessSample, ...]) -> None:
-        self._check(index)
+        self.check(index)
         with self._lock:
             self._processes[index] = processes
 
@@ -146,3 +150,49 @@ def open_monitor(inventory: Inventory) -> GpuMonitor:
 
         return NvmlMonitor(inventory)
     return FakeMonitor(inventory)
+
+
+# --- the fake backend's injection command (``gpuledger gpu inject-xid``) ---
+
+class InjectRequest(msgspec.Struct, kw_only=True):
+    """Sent to ``gpuledger.<node>.allocator.gpu-inject``; only a fake-GPU allocator answers it."""
+
+    gpu: int
+    xid: int = 0                              # > 0: an XID event
+    ecc: str = ""                             # "double-bit" | "single-bit": an ECC event
+    probe_error: str | None = None            # a text makes probes fail; "" makes them pass again
+    processes: list[ProcessSample] | None = None  # replaces the processes the GPU runs
+
+
+class InjectReply(msgspec.Struct, kw_only=True):
+    done: list[str]
+
+
+def inject_subject(prefix: str) -> str:
+    return f"{prefix}.allocator.gpu-inject"
+
+
+def apply_injection(monitor: FakeMonitor, req: InjectRequest) -> list[str]:
+    """Apply one injection; ValueError explains a request that cannot be applied."""
+    from libs.gpu.health import ECC_DOUBLE, ECC_SINGLE, XID
+
+    done = []
+    monitor.check(req.gpu)
+    if req.ecc and req.ecc not in ("double-bit", "single-bit"):
+        raise ValueError(f"ecc must be double-bit or single-bit, not {req.ecc!r}")
+    if req.processes is not None:
+        monitor.set_processes(req.gpu, tuple(req.processes))
+        done.append(f"{len(req.processes)} process(es) on GPU {req.gpu}")
+    if req.probe_error is not None:
+        monitor.set_probe_error(req.gpu, req.probe_error or None)
+        done.append(f"probes of GPU {req.gpu} " + (f"fail: {req.probe_error}" if req.probe_error else "pass"))
+    if req.xid > 0:
+        monitor.inject(GpuEvent(index=req.gpu, kind=XID, xid=req.xid, detail="injected"))
+        done.append(f"XID {req.xid} on GPU {req.gpu}")
+    if req.ecc:
+        kind = ECC_DOUBLE if req.ecc == "double-bit" else ECC_SINGLE
+        monitor.inject(GpuEvent(index=req.gpu, kind=kind, detail="injected"))
+        done.append(f"{kind} ECC error on GPU {req.gpu}")
+    if not done:
+        raise ValueError("nothing to inject: give an xid, an ecc kind, a probe error or processes")
+    return done
