@@ -11,6 +11,7 @@ from libs.commands import PodsRequest
 from libs.config import Settings
 from libs.kube.source import PodSource, make_client
 from libs.runtime import Supervisor
+from services.watchdog.metrics import observe
 from services.watchdog.podquery import PodQuery
 from services.watchdog.recycling import Recycler
 
@@ -37,6 +38,7 @@ async def service(settings: Settings, *, reconcile_period: float = RECONCILE_PER
         source = PodSource(client, settings.node_name, recycler.on_change)
         recycler.source = source
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))
+        await stack.enter_async_context(observe(settings, source))  # issue 7: /metrics
         supervisor = Supervisor("watchdog")
         stack.push_async_callback(supervisor.aclose)
         supervisor.spawn(source.run(), "pod-watch")
