@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 import msgspec
+import structlog
 from nats.js import api
 from nats.js.errors import NotFoundError
 
@@ -64,9 +65,12 @@ class LogFollower:
                 if record.seq <= self.last_seq:
                     continue
                 stored = from_record(record)
-                result = self.handler(stored)
-                if inspect.isawaitable(result):
-                    await result
+                # The command that caused the event (an Allocate's request id): its log lines follow it here.
+                bound = {"request_id": stored.command_id} if stored.command_id else {}
+                with structlog.contextvars.bound_contextvars(**bound, seq=stored.seq):
+                    result = self.handler(stored)
+                    if inspect.isawaitable(result):
+                        await result
                 async with self._progress:
                     self.last_seq = stored.seq
                     self._progress.notify_all()

@@ -109,6 +109,8 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         req = AllocateRequest(request_id=uuid.uuid4().hex, resource=self.resource, device_ids=ids,
                               deadline=time.time() + timeout)
         reply = await self._ask(context, self.bus.subjects.allocate, req, AllocateReply, timeout)
+        _log.info("allocated", request_id=req.request_id, alloc_id=reply.alloc_id, container=reply.container,
+                  pod=f"{reply.namespace}/{reply.pod_name}", pod_uid=reply.pod_uid)
         return pb.AllocateResponse(container_responses=[to_proto(reply.response)])
 
     async def PreStartContainer(
