@@ -77,9 +77,15 @@ async def start_services(stack: AsyncExitStack, node: Node) -> None:
 
 
 @pytest.fixture
-async def obs_node(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
+def obs_overrides() -> dict[str, Any]:
+    """Settings to change for one test: ``@pytest.mark.parametrize("obs_overrides", [{...}])``."""
+    return {}
+
+
+@pytest.fixture
+async def obs_node(nats_server: NatsServer, short_dir: Path, obs_overrides: dict[str, Any]) -> AsyncIterator[Node]:
     settings = settings_for(short_dir, nats_server.url, metrics_port=free_port_base(), metrics_host="127.0.0.1",
-                            **HEALTH)
+                            **{**HEALTH, **obs_overrides})
     async with AsyncExitStack() as stack:
         node = await _base(stack, short_dir, nats_server.url, settings)
         await start_services(stack, node)
