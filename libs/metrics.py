@@ -43,22 +43,30 @@ class MetricsServer:
         self._routes = routes or {}
         self._runner: web.AppRunner | None = None
 
-    async def start(self) -> None:
+    async def start(self) -> bool:
+        """Serve; False (with an error logged) when the port cannot be bound.
+
+        Not fatal on purpose: a device plugin that crash-loops over a busy metrics port (say, gpu-manager
+        still on 5678 during a migration) takes the node's GPUs away; a missing scrape target only raises
+        an alert.
+        """
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/metric", self._metrics)  # gpu-manager's path, for existing scrape configs
         for path, handler in self._routes.items():
             app.router.add_get(path, handler)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
         try:
-            await site.start()
+            await web.TCPSite(runner, self.host, self.port).start()
         except OSError as exc:
-            await self._runner.cleanup()
-            raise OSError(exc.errno, f"{self.service}: cannot serve metrics on {self.host}:{self.port}: "
-                                     f"{exc.strerror}; pick another --metrics-port (0 turns it off)") from exc
+            await runner.cleanup()
+            _log.error("metrics are NOT served: cannot listen; pick another --metrics-port (0 turns it off)",
+                       host=self.host, port=self.port, error=exc.strerror or str(exc))
+            return False
+        self._runner = runner
         _log.info("serving metrics", port=self.port, paths=["/metrics", *self._routes])
+        return True
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
