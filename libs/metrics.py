@@ -8,6 +8,7 @@ upstream #99): GPU usage is sampled in the background and the scrape reads the l
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -69,13 +70,26 @@ class MetricsServer:
         return True
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
+        # Collect on the loop (a consistent read of the state the loop mutates), format in a thread:
+        # formatting is most of a scrape's cost and must not hold up Allocate.
+        families = list(self.registry.collect())
+        body = await asyncio.to_thread(generate_latest, _Collected(families))  # type: ignore[arg-type]
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+class _Collected:
+    """Already collected families, in the shape generate_latest reads from a registry."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Any]:
+        return self._families
 
 
 def timed(fn: Callable[..., Awaitable[Any]], histogram: Histogram,
