@@ -37,6 +37,7 @@ class DeviceHealth:
     def __init__(self, catalog: DeviceCatalog) -> None:
         self.catalog = catalog
         self.unhealthy: frozenset[str] = frozenset()  # GPU uuids
+        self.seq = 0  # the log position this view reflects: an older state reply must not undo a newer event
 
     async def set_unhealthy(self, uuids: frozenset[str]) -> None:
         if uuids == self.unhealthy:
@@ -63,8 +64,10 @@ class DeviceHealth:
 
     async def run(self, bus: Bus, timeout: float, resync: float = 30.0) -> None:
         async def on_health(msg) -> None:  # type: ignore[no-untyped-def]
-            ev = from_record(msgspec.json.decode(msg.data, type=EventRecord)).event
-            if isinstance(ev, GpuHealthChanged):
+            stored = from_record(msgspec.json.decode(msg.data, type=EventRecord))
+            ev = stored.event
+            if isinstance(ev, GpuHealthChanged) and stored.seq > self.seq:
+                self.seq = stored.seq
                 await self.set_unhealthy(self.unhealthy - {ev.uuid} if ev.healthy else self.unhealthy | {ev.uuid})
 
         sub = await bus.nc.subscribe(bus.subjects.event("gpu.health"), cb=on_health)
@@ -72,7 +75,9 @@ class DeviceHealth:
             while True:
                 try:
                     reply = await bus.request(bus.subjects.state, StateRequest(), StateReply, timeout=timeout)
-                    await self.set_unhealthy(frozenset(g.uuid for g in reply.snapshot.gpus if not g.healthy))
+                    if reply.snapshot.seq >= self.seq:
+                        self.seq = reply.snapshot.seq
+                        await self.set_unhealthy(frozenset(g.uuid for g in reply.snapshot.gpus if not g.healthy))
                 except BusError as exc:
                     _log.debug("health resync failed; retrying", error=str(exc))
                     await asyncio.sleep(min(resync, 1.0))
