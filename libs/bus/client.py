@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 
 from libs.errors import BusError, BusTimeout, RemoteError, ServiceError
 from libs.events.subjects import Subjects
-from libs.log import get_logger
+from libs.log import correlation, get_logger
 
 __all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "REQUEST_ID_HEADER", "Bus"]
 
@@ -123,12 +123,10 @@ class Bus:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 await self._reply_error(msg, 400, f"malformed request: {exc}")
                 return
-            request_id = (msg.headers or {}).get(REQUEST_ID_HEADER) or getattr(req, "request_id", "")
-            if request_id:
-                # The callbacks of one subscription share a task: unbind when done.
-                with structlog.contextvars.bound_contextvars(request_id=request_id):
-                    await handle(msg, req)
-            else:
+            # The caller's request id (else the request's own), and the pod or allocation it names. The
+            # callbacks of one subscription share a task: unbind when done.
+            bound = correlation(req, request_id=(msg.headers or {}).get(REQUEST_ID_HEADER))
+            with structlog.contextvars.bound_contextvars(**bound):
                 await handle(msg, req)
 
         async def handle(msg: Msg, req: Any) -> None:

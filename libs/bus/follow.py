@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 
 from libs.bus.client import Bus
 from libs.events.codec import EventRecord, StoredEvent, from_record
-from libs.log import get_logger
+from libs.log import correlation, get_logger
 
 __all__ = ["LogFollower"]
 
@@ -66,7 +66,9 @@ class LogFollower:
                     continue
                 stored = from_record(record)
                 # The command that caused the event (an Allocate's request id): its log lines follow it here.
-                bound = {"request_id": stored.command_id} if stored.command_id else {}
+                # The command that caused the event (an Allocate's request id) and the allocation and pod it
+                # concerns: the handler's log lines can be followed back to it.
+                bound = correlation(stored.event, request_id=stored.command_id)
                 with structlog.contextvars.bound_contextvars(**bound, seq=stored.seq):
                     result = self.handler(stored)
                     if inspect.isawaitable(result):

@@ -70,7 +70,8 @@ async def test_one_request_id_across_the_four_services(processes: Node) -> None:
     granted = next(ln for ln in by_service["allocator"] if ln["event"] == "granted")
     assert (granted["pod"], granted["container"]) == ("default/traced", "main")
     assert any(ln["event"] == "request" and ln["subject"].endswith("watchdog.pods") for ln in by_service["watchdog"])
-    assert any(ln.get("pod_uid") == alloc.pod_uid for ln in by_service["vmanager"])
+    assert any(ln.get("pod_uid") == alloc.pod_uid and ln.get("alloc_id") == alloc.alloc_id
+               for ln in by_service["vmanager"])
 
     # Each process serves its own /metrics.
     base = node.settings.metrics_port
