@@ -61,6 +61,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise msgspec.ValidationError("usage_interval and health_check_interval must be positive")
         if self.health_recovery_checks < 1:
             raise msgspec.ValidationError("health_recovery_checks must be at least 1")
+        from libs.gpu.health import parse_xids  # no cycle: it imports only msgspec
+
+        try:
+            parse_xids(self.health_ignored_xids)
+        except ValueError as exc:
+            raise msgspec.ValidationError(str(exc)) from None
 
     @property
     def log_path(self) -> Path:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
@@ -20,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from libs.config import Settings
 from libs.log import get_logger
 
-__all__ = ["PORT_OFFSETS", "MetricsServer", "metrics_port", "timed"]
+__all__ = ["PORT_OFFSETS", "MetricsServer", "metrics_port", "serving", "timed"]
 
 PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3}
 
@@ -80,6 +81,22 @@ class MetricsServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+@asynccontextmanager
+async def serving(settings: Settings, service: str, registry: CollectorRegistry,
+                  routes: dict[str, Route] | None = None) -> AsyncIterator[MetricsServer | None]:
+    """The service's metrics server for the duration of the block (None when metrics are off)."""
+    port = metrics_port(settings, service)
+    if not port:
+        yield None
+        return
+    server = MetricsServer(service, registry, host=settings.metrics_host, port=port, routes=routes)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
 
 
 class _Collected:

@@ -26,7 +26,7 @@ from libs.errors import ServiceError
 from libs.gpu.inventory import Inventory
 from libs.gpu.monitor import open_monitor
 from libs.ledger.state import LedgerState
-from libs.metrics import MetricsServer, Route, metrics_port, timed
+from libs.metrics import MetricsServer, Route, serving, timed
 from libs.runtime import Supervisor
 from libs.status import agent_version, graph_json, usage_json
 from libs.store.log import EventLog
@@ -220,11 +220,6 @@ async def observe(settings: Settings, handlers: Allocator, relay: Relay, found: 
         stack.push_async_callback(_cancel, tasks)  # nothing may use the monitor once it is closed
         registry.register(AllocatorCollector(settings.node_name, handlers.state, handlers.log, relay, commits,
                                              usage))
-        port = metrics_port(settings, "allocator")
-        server = None
-        if port:
-            server = MetricsServer("allocator", registry, host=settings.metrics_host, port=port,
-                                   routes=_status_routes(handlers.state, usage))
-            await server.start()
-            stack.push_async_callback(server.stop)
+        server = await stack.enter_async_context(
+            serving(settings, "allocator", registry, routes=_status_routes(handlers.state, usage)))
         yield Observability(registry=registry, health=health, usage=usage, server=server)

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
-from libs.metrics import MetricsServer, metrics_port, timed
+from libs.metrics import serving, timed
 from services.registrar.catalog import DeviceCatalog
 from services.registrar.health import DeviceHealth
 from services.registrar.plugin import DevicePlugin
@@ -54,12 +54,5 @@ async def observe(settings: Settings, plugins: list[DevicePlugin], catalog: Devi
 
             setattr(plugin, method, timed(getattr(plugin, method), calls, outcome))
     registry.register(RegistrarCollector(catalog, health))
-    port = metrics_port(settings, "registrar")
-    server = MetricsServer("registrar", registry, host=settings.metrics_host, port=port) if port else None
-    if server is not None:
-        await server.start()
-    try:
+    async with serving(settings, "registrar", registry):
         yield registry
-    finally:
-        if server is not None:
-            await server.stop()

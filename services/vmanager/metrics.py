@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from libs.config import Settings
-from libs.metrics import MetricsServer, metrics_port
+from libs.metrics import serving
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.tracker import AllocationTracker
 
@@ -41,12 +41,5 @@ async def observe(settings: Settings, tracker: AllocationTracker,
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(VmanagerCollector(tracker, sockets))
-    port = metrics_port(settings, "vmanager")
-    server = MetricsServer("vmanager", registry, host=settings.metrics_host, port=port) if port else None
-    if server is not None:
-        await server.start()
-    try:
+    async with serving(settings, "vmanager", registry):
         yield registry
-    finally:
-        if server is not None:
-            await server.stop()

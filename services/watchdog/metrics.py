@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from libs.config import Settings
 from libs.kube.source import PodSource
-from libs.metrics import MetricsServer, metrics_port
+from libs.metrics import serving
 
 __all__ = ["WatchdogCollector", "observe"]
 
@@ -45,12 +45,5 @@ async def observe(settings: Settings, source: PodSource) -> AsyncIterator[Collec
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(WatchdogCollector(source))
-    port = metrics_port(settings, "watchdog")
-    server = MetricsServer("watchdog", registry, host=settings.metrics_host, port=port) if port else None
-    if server is not None:
-        await server.start()
-    try:
+    async with serving(settings, "watchdog", registry):
         yield registry
-    finally:
-        if server is not None:
-            await server.stop()
