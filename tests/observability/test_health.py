@@ -23,11 +23,14 @@ async def _inject(node: Node, **fields: Any) -> list[str]:
     return reply.done
 
 
+@pytest.mark.parametrize("obs_overrides", [{"health_recovery_seconds": 3.0}])
 async def test_xid_marks_unhealthy_placement_avoids_it_and_it_recovers(obs_node: Node) -> None:
     node = obs_node
     await _inject(node, gpu=1, xid=13)  # an application error: says nothing about the GPU
     await _inject(node, gpu=1, xid=79)  # fallen off the bus
     (rec,) = await node.tap.wait("gpu.health", 1)
+    # Keep it unhealthy while we place (a failing probe also stops recovery); well inside the 3 s.
+    await _inject(node, gpu=1, probe_error="GPU is lost")
     assert rec.data["index"] == 1 and rec.data["healthy"] is False
     assert (rec.data["reason"], rec.data["xid"]) == ("xid", 79)
     snap = await node.snapshot()
@@ -38,8 +41,6 @@ async def test_xid_marks_unhealthy_placement_avoids_it_and_it_recovers(obs_node:
     await node.sim.wait_for_resource(RESOURCE_VCORE, 300, timeout=10)
     await node.sim.wait_for_resource(RESOURCE_VMEMORY, 192, timeout=10)
 
-    # Keep it unhealthy while we place (a failing probe also stops recovery).
-    await _inject(node, gpu=1, probe_error="GPU is lost")
     placed = []
     for i in range(3):
         pod = await node.run_pod(gpu_pod(f"whole-{i}", ("main", 100, 0)))
