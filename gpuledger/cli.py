@@ -240,6 +240,9 @@ def gen_protos() -> None:
         click.echo(path.relative_to(ROOT))
 
 
+main.add_command(importlib.import_module("gpuledger.status_cmd").status)  # issue 7
+main.add_command(importlib.import_module("gpuledger.gpu_cmd").gpu)  # issue 7
+
 if __name__ == "__main__":
     main()
 main.add_command(importlib.import_module("gpuledger.simulate_cmd").simulate)

@@ -15,7 +15,13 @@ import msgspec
 
 from libs.config import MIB
 from libs.events.codec import StoredEvent, format_time, to_record
-from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, InventoryRecorded
+from libs.events.schema import (
+    AllocationGranted,
+    AllocationRefused,
+    AllocationReleased,
+    GpuHealthChanged,
+    InventoryRecorded,
+)
 from libs.ledger.state import LedgerSnapshot, LedgerState
 from libs.store import iter_events, open_reader, replay
 
@@ -34,6 +40,9 @@ def summary(stored: StoredEvent) -> str:
         return f"{ev.device_count} x {ev.resource}: {ev.reason}"
     if isinstance(ev, InventoryRecorded):
         return f"node={ev.node} backend={ev.backend} gpus={len(ev.gpus)} driver={ev.driver_version or '-'}"
+    if isinstance(ev, GpuHealthChanged):  # issue 7
+        return f"GPU{ev.index} {'healthy' if ev.healthy else 'UNHEALTHY'} reason={ev.reason}" + (
+            f" xid={ev.xid}" if ev.xid else "") + (f" ({ev.detail})" if ev.detail else "")
     return ""
 
 

@@ -70,6 +70,24 @@ def agent_options(fn: F) -> F:
              help="Labels the watchdog keeps on the node, k=v,k2=v2 (the GPU model label is always set)."),
         _opt("--allocation-check-period", env="GPULEDGER_ALLOCATION_CHECK_PERIOD", type=float, default=30.0,
              show_default=True, help="Seconds between reconciliations of allocations against the node's pods."),
+        # issue 7: metrics, status view and GPU health
+        _opt("--metrics-port", env="GPULEDGER_METRICS_PORT", type=click.IntRange(0, 65532), default=5678,
+             show_default=True, help="Base HTTP port for /metrics: allocator (also /graph, /usage, /version) "
+             "on it, registrar +1, vmanager +2, watchdog +3; 0 turns the servers off."),
+        _opt("--metrics-host", env="GPULEDGER_METRICS_HOST", default="0.0.0.0", show_default=True,
+             help="Address the metrics servers listen on."),
+        _opt("--usage-interval", env="GPULEDGER_USAGE_INTERVAL", type=float, default=5.0, show_default=True,
+             help="Seconds between background NVML usage samples (scrapes read the last sample)."),
+        _opt("--health-checks/--no-health-checks", env="GPULEDGER_HEALTH_CHECKS", default=True,
+             show_default=True, help="Watch NVML XID/ECC events and mark GPUs unhealthy."),
+        _opt("--health-ignored-xids", env="GPULEDGER_HEALTH_IGNORED_XIDS", default="13,31,43,45,68,109",
+             show_default=True, help="Comma-separated XIDs that never mark a GPU unhealthy (application errors)."),
+        _opt("--health-recovery-seconds", env="GPULEDGER_HEALTH_RECOVERY_SECONDS", type=float, default=60.0,
+             show_default=True, help="An unhealthy GPU recovers only after this long without a critical event."),
+        _opt("--health-recovery-checks", env="GPULEDGER_HEALTH_RECOVERY_CHECKS", type=click.IntRange(1),
+             default=3, show_default=True, help="...and this many clean NVML probes in a row."),
+        _opt("--health-check-interval", env="GPULEDGER_HEALTH_CHECK_INTERVAL", type=float, default=10.0,
+             show_default=True, help="Seconds between the probes of an unhealthy GPU."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)

@@ -45,6 +45,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # issue 5: gpu-manager's --node-labels and --allocation-check-period
     node_labels: str = ""   # k=v,k2=v2: labels the watchdog keeps on the node (plus the GPU model label)
     allocation_check_period: float = 30.0  # seconds between reconciliations (allocations vs pods)
+    # issue 7: metrics, status view and GPU health
+    metrics_port: int = 0                # base port: allocator +0, registrar +1, vmanager +2, watchdog +3; 0 = off
+    metrics_host: str = "0.0.0.0"
+    usage_interval: float = 5.0          # seconds between background NVML usage samples (never per scrape)
+    health_checks: bool = True           # watch XID/ECC events and mark GPUs unhealthy
+    health_ignored_xids: str = "13,31,43,45,68,109"  # application-caused XIDs that say nothing of the GPU
+    health_recovery_seconds: float = 60.0  # an unhealthy GPU needs this long without a critical event...
+    health_recovery_checks: int = 3        # ...and this many clean NVML probes in a row to be healthy again
+    health_check_interval: float = 10.0    # seconds between probes of unhealthy GPUs
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -57,6 +66,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             parse_node_labels(self.node_labels)
         except ValueError as exc:
             raise msgspec.ValidationError(str(exc)) from exc
+        if not 0 <= self.metrics_port <= 65532:
+            raise msgspec.ValidationError("metrics_port must be 0 (off) or a port with 3 free ports after it")
+        if self.usage_interval <= 0 or self.health_check_interval <= 0 or self.health_recovery_seconds < 0:
+            raise msgspec.ValidationError("usage_interval and health_check_interval must be positive")
+        if self.health_recovery_checks < 1:
+            raise msgspec.ValidationError("health_recovery_checks must be at least 1")
+        from libs.gpu.health import parse_xids  # no cycle: it imports only msgspec
+
+        try:
+            parse_xids(self.health_ignored_xids)
+        except ValueError as exc:
+            raise msgspec.ValidationError(str(exc)) from None
 
     @property
     def log_path(self) -> Path:

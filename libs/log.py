@@ -13,7 +13,10 @@ from typing import Any
 import msgspec
 import structlog
 
-__all__ = ["configure_logging", "get_logger"]
+__all__ = ["CORRELATION_FIELDS", "configure_logging", "correlation", "get_logger"]
+
+# What lets one allocation be followed across the services' log lines (bound as structlog contextvars).
+CORRELATION_FIELDS = ("request_id", "alloc_id", "pod_uid", "container")
 
 
 def _json_dumps(obj: Any, **_: Any) -> str:
@@ -53,3 +56,10 @@ def configure_logging(service: str, *, fmt: str = "auto", level: str = "info", s
 
 def get_logger(name: str | None = None) -> Any:
     return structlog.get_logger(name)
+
+
+def correlation(obj: Any, **given: Any) -> dict[str, Any]:
+    """The correlation fields ``obj`` (a request or an event) carries, plus ``given``; empty values dropped."""
+    found = {k: getattr(obj, k, None) for k in CORRELATION_FIELDS}
+    found.update({k: v for k, v in given.items() if v})
+    return {k: v for k, v in found.items() if isinstance(v, str) and v}

@@ -1,6 +1,9 @@
 """The NATS connection every service uses: reconnects, typed request/reply with deadlines, errors.
 
-Payloads are msgspec JSON (readable with ``nats sub``). A handler that refuses a request raises
+Payloads are msgspec JSON (readable with ``nats sub``). A request carries the caller's request id in
+the ``Gpuledger-Request-Id`` header (the one bound in the structlog context, else the message's own
+``request_id``), and the handler runs with it bound, so one request can be followed through the
+log lines of every service it touches. A handler that refuses a request raises
 ``ServiceError``; the reply then carries the ``Nats-Service-Error`` and ``Nats-Service-Error-Code``
 headers (the names nats micro-services use) and the caller gets a ``RemoteError``. A request that
 nobody answers in time raises ``BusTimeout``: no wait in gpuledger is unbounded.
@@ -16,6 +19,7 @@ from typing import Any, TypeVar
 import msgspec
 import nats
 import nats.errors
+import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -23,12 +27,13 @@ from nats.js import JetStreamContext
 
 from libs.errors import BusError, BusTimeout, RemoteError, ServiceError
 from libs.events.subjects import Subjects
-from libs.log import get_logger
+from libs.log import correlation, get_logger
 
-__all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "Bus"]
+__all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "REQUEST_ID_HEADER", "Bus"]
 
 ERROR_HEADER = "Nats-Service-Error"
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
+REQUEST_ID_HEADER = "Gpuledger-Request-Id"
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
@@ -86,8 +91,10 @@ class Bus:
         return self.nc.jetstream()
 
     async def request(self, subject: str, msg: Any, reply_type: type[Rep], *, timeout: float) -> Rep:
+        request_id = structlog.contextvars.get_contextvars().get("request_id") or getattr(msg, "request_id", "")
+        headers = {REQUEST_ID_HEADER: str(request_id)} if request_id else None
         try:
-            resp = await self.nc.request(subject, msgspec.json.encode(msg), timeout=timeout)
+            resp = await self.nc.request(subject, msgspec.json.encode(msg), timeout=timeout, headers=headers)
         except nats.errors.TimeoutError as exc:
             raise BusTimeout(subject, timeout) from exc
         except nats.errors.NoRespondersError as exc:
@@ -116,6 +123,14 @@ class Bus:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 await self._reply_error(msg, 400, f"malformed request: {exc}")
                 return
+            # The caller's request id (else the request's own), and the pod or allocation it names. The
+            # callbacks of one subscription share a task: unbind when done.
+            bound = correlation(req, request_id=(msg.headers or {}).get(REQUEST_ID_HEADER))
+            with structlog.contextvars.bound_contextvars(**bound):
+                await handle(msg, req)
+
+        async def handle(msg: Msg, req: Any) -> None:
+            _log.debug("request", subject=subject)
             try:
                 rep = await handler(req)
             except ServiceError as exc:

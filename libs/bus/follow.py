@@ -12,12 +12,13 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 import msgspec
+import structlog
 from nats.js import api
 from nats.js.errors import NotFoundError
 
 from libs.bus.client import Bus
 from libs.events.codec import EventRecord, StoredEvent, from_record
-from libs.log import get_logger
+from libs.log import correlation, get_logger
 
 __all__ = ["LogFollower"]
 
@@ -64,9 +65,14 @@ class LogFollower:
                 if record.seq <= self.last_seq:
                     continue
                 stored = from_record(record)
-                result = self.handler(stored)
-                if inspect.isawaitable(result):
-                    await result
+                # The command that caused the event (an Allocate's request id): its log lines follow it here.
+                # The command that caused the event (an Allocate's request id) and the allocation and pod it
+                # concerns: the handler's log lines can be followed back to it.
+                bound = correlation(stored.event, request_id=stored.command_id)
+                with structlog.contextvars.bound_contextvars(**bound, seq=stored.seq):
+                    result = self.handler(stored)
+                    if inspect.isawaitable(result):
+                        await result
                 async with self._progress:
                     self.last_seq = stored.seq
                     self._progress.notify_all()

@@ -23,6 +23,7 @@ __all__ = [
     "ContainerResponse",
     "DeviceNode",
     "Event",
+    "GpuHealthChanged",
     "GpuInfo",
     "GpuShare",
     "InventoryRecorded",
@@ -142,9 +143,29 @@ class AllocationRefused(Event, tag="alloc.refused", kw_only=True):
         return f"pod:{self.pod_uid}" if self.pod_uid else "refusals"
 
 
-AnyEvent = InventoryRecorded | AllocationGranted | AllocationReleased | AllocationRefused
+# issue 7: GPU health.
+class GpuHealthChanged(Event, tag="gpu.health", kw_only=True):
+    """A GPU became unhealthy (a critical XID or ECC event, a failing NVML query) or recovered.
+
+    Only transitions are recorded: a second critical event on an already unhealthy GPU is logged by the
+    allocator but not appended. Placement skips unhealthy GPUs; the registrar advertises their
+    device IDs as Unhealthy.
+    """
+
+    index: int
+    uuid: str
+    healthy: bool
+    reason: str                     # xid | ecc-double-bit | ecc-single-bit | query-failed | recovered | ...
+    xid: int = 0                    # the XID code, when reason is "xid"
+    detail: str = ""
+
+    def stream(self) -> str:
+        return f"gpu:{self.uuid}"
+
+
+AnyEvent = InventoryRecorded | AllocationGranted | AllocationReleased | AllocationRefused | GpuHealthChanged
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in (InventoryRecorded, AllocationGranted, AllocationReleased, AllocationRefused)
+    for cls in (InventoryRecorded, AllocationGranted, AllocationReleased, AllocationRefused, GpuHealthChanged)
 }

@@ -15,6 +15,7 @@ from libs.events.schema import (
     AllocationRefused,
     AllocationReleased,
     ContainerResponse,
+    GpuHealthChanged,
     GpuShare,
     InventoryRecorded,
 )
@@ -54,6 +55,8 @@ class GpuUsage(msgspec.Struct, kw_only=True):
     cores_used: int = 0
     memory_used: int = 0
     alloc_ids: list[str] = msgspec.field(default_factory=list)
+    healthy: bool = True        # issue 7: folded from gpu.health events
+    health_reason: str = ""     # why it is unhealthy (empty when healthy)
 
     @property
     def cores_free(self) -> int:
@@ -86,6 +89,8 @@ class LedgerState:
         self.allocations: dict[str, Allocation] = {}
         self.gpus: dict[int, GpuUsage] = {}
         self.refusals = 0
+        self.releases = 0
+        self.health: dict[str, GpuHealthChanged] = {}  # by GPU uuid: the last health transition
 
     # --- folding ---
     def apply(self, stored: StoredEvent) -> None:
@@ -102,11 +107,15 @@ class LedgerState:
             released = self.allocations.pop(ev.alloc_id, None)
             if released is not None:
                 self._charge(released, -1)
+                self.releases += 1
         elif isinstance(ev, InventoryRecorded):
             self.inventory = ev
             self._rebuild_usage()
         elif isinstance(ev, AllocationRefused):
             self.refusals += 1
+        elif isinstance(ev, GpuHealthChanged):
+            self.health[ev.uuid] = ev
+            self._apply_health()
         self.seq = stored.seq
         self.time = stored.recorded_at
 
@@ -130,6 +139,15 @@ class LedgerState:
         }
         for alloc in sorted(self.allocations.values(), key=lambda a: a.granted_seq):
             self._charge(alloc, +1)
+        self._apply_health()
+
+    def _apply_health(self) -> None:
+        # By uuid, not index: a GPU that moved to another index after a reboot keeps its health.
+        for gpu in self.gpus.values():
+            ev = self.health.get(gpu.uuid)
+            gpu.healthy = ev is None or ev.healthy
+            gpu.health_reason = "" if gpu.healthy or ev is None else (
+                f"xid {ev.xid}" if ev.reason == "xid" else ev.reason)
 
     # --- queries ---
     def pod_allocations(self, pod_uid: str) -> list[Allocation]:

@@ -16,6 +16,7 @@ from libs.runtime import Supervisor
 from libs.store import EventLog
 from services.allocator.handlers import Allocator
 from services.allocator.inventory import inventory_event
+from services.allocator.metrics import Observability, observe
 
 __all__ = ["AllocatorService", "service"]
 
@@ -25,6 +26,7 @@ class AllocatorService:
     handlers: Allocator
     relay: Relay
     supervisor: Supervisor
+    observability: Observability | None = None  # issue 7: metrics, health, usage
 
 
 @asynccontextmanager
@@ -50,5 +52,6 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         handlers = Allocator(settings, events, state, bus)
         relay = Relay(bus, events)
         supervisor.spawn(relay.run(), "relay")
+        obs = await stack.enter_async_context(observe(settings, handlers, relay, found, supervisor))
         await handlers.serve()
-        yield AllocatorService(handlers=handlers, relay=relay, supervisor=supervisor)
+        yield AllocatorService(handlers=handlers, relay=relay, supervisor=supervisor, observability=obs)

@@ -20,7 +20,9 @@ from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.log import get_logger
 from libs.runtime import Supervisor
 from services.registrar.catalog import DeviceCatalog
+from services.registrar.health import DeviceHealth
 from services.registrar.kubelet import KubeletRegistration
+from services.registrar.metrics import observe
 from services.registrar.plugin import DevicePlugin
 
 __all__ = ["RegistrarService", "service"]
@@ -33,6 +35,7 @@ class RegistrarService:
     catalog: DeviceCatalog
     kubelet: KubeletRegistration
     supervisor: Supervisor
+    health: DeviceHealth | None = None  # issue 7
 
 
 async def _load_catalog(bus: Bus, catalog: DeviceCatalog, timeout: float) -> None:
@@ -73,5 +76,10 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         catalog = DeviceCatalog()
         plugins = [DevicePlugin(r, catalog, bus, settings) for r in (RESOURCE_VCORE, RESOURCE_VMEMORY)]
         kubelet = KubeletRegistration(Path(settings.device_plugin_dir), plugins)
+        health = DeviceHealth(catalog)  # issue 7: GPU health in ListAndWatch, metrics
+        for plugin in plugins:
+            plugin.health = health
+        await stack.enter_async_context(observe(settings, plugins, catalog, health))
+        supervisor.spawn(health.run(bus, settings.request_timeout), "gpu-health")
         supervisor.spawn(_serve(bus, catalog, kubelet, settings.request_timeout), "kubelet")
-        yield RegistrarService(catalog=catalog, kubelet=kubelet, supervisor=supervisor)
+        yield RegistrarService(catalog=catalog, kubelet=kubelet, supervisor=supervisor, health=health)

@@ -24,6 +24,7 @@ from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from libs.log import get_logger
 from services.registrar.catalog import DeviceCatalog, InvalidDevices
+from services.registrar.health import DeviceHealth
 
 __all__ = ["DevicePlugin", "to_proto"]
 
@@ -50,6 +51,8 @@ def to_proto(resp: ContainerResponse) -> pb.ContainerAllocateResponse:
 
 
 class DevicePlugin(pb_grpc.DevicePluginServicer):
+    health: DeviceHealth | None = None  # set by the composition root; None: everything Healthy
+
     def __init__(self, resource: str, catalog: DeviceCatalog, bus: Bus, settings: Settings) -> None:
         self.resource = resource
         self.catalog = catalog
@@ -77,8 +80,10 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                 await self.catalog.changed.wait_for(lambda seen=seen: self.catalog.version != seen)
                 seen = self.catalog.version
                 ids = self.catalog.ids(self.resource)
-            _log.info("advertising", resource=self.resource, devices=len(ids))
-            yield pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health="Healthy") for i in ids])
+                states = self.health.states(self.resource, ids) if self.health else ["Healthy"] * len(ids)
+            unhealthy = sum(s != "Healthy" for s in states)
+            _log.info("advertising", resource=self.resource, devices=len(ids), unhealthy=unhealthy)
+            yield pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health=h) for i, h in zip(ids, states, strict=True)])
 
     async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
@@ -104,6 +109,8 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         req = AllocateRequest(request_id=uuid.uuid4().hex, resource=self.resource, device_ids=ids,
                               deadline=time.time() + timeout)
         reply = await self._ask(context, self.bus.subjects.allocate, req, AllocateReply, timeout)
+        _log.info("allocated", request_id=req.request_id, alloc_id=reply.alloc_id, container=reply.container,
+                  pod=f"{reply.namespace}/{reply.pod_name}", pod_uid=reply.pod_uid)
         return pb.AllocateResponse(container_responses=[to_proto(reply.response)])
 
     async def PreStartContainer(

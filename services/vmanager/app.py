@@ -13,6 +13,7 @@ from libs.config import Settings
 from libs.ledger import LedgerState
 from libs.runtime import Supervisor
 from services.vmanager.containers import ContainerNames
+from services.vmanager.metrics import observe
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
 from services.vmanager.register import Registrar, VcudaServicer
@@ -46,6 +47,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)
         supervisor = Supervisor("vmanager")
         stack.push_async_callback(supervisor.aclose)
+        await stack.enter_async_context(observe(settings, tracker, sockets))  # issue 7: /metrics
         supervisor.spawn(tracker.run(), "follow")
         sub = await bus.serve(bus.subjects.prepare, PrepareRequest,
                               Prepare(tracker, sockets, timeout=settings.request_timeout))

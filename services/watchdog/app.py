@@ -16,6 +16,7 @@ from services.watchdog.admission import AdmissionCleanup
 from services.watchdog.annotations import AnnotationRepair
 from services.watchdog.kubeletpods import KubeletPods
 from services.watchdog.labels import NodeLabeler
+from services.watchdog.metrics import observe
 from services.watchdog.podquery import PodQuery
 from services.watchdog.recycling import Recycler
 
@@ -46,6 +47,7 @@ async def service(settings: Settings, *, reconcile_period: float | None = None) 
         source = PodSource(client, settings.node_name, recycler.on_change)
         recycler.source = source
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))
+        await stack.enter_async_context(observe(settings, source))  # issue 7: /metrics
         supervisor = Supervisor("watchdog")
         stack.push_async_callback(supervisor.aclose)
         supervisor.spawn(source.run(), "pod-watch")

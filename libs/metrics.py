@@ -1,0 +1,130 @@
+"""Each service's HTTP endpoint: Prometheus ``/metrics`` (and gpu-manager's ``/metric``), plus JSON routes.
+
+Every service has its own `CollectorRegistry` (several services share one process in tests) and its
+own port: the base ``--metrics-port`` plus the service's offset. Collectors read in-memory state only;
+nothing on a scrape touches NVML or the disk (gpu-manager's per-scrape NVML queries overloaded nodes,
+upstream #99): GPU usage is sampled in the background and the scrape reads the last sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from libs.config import Settings
+from libs.log import get_logger
+
+__all__ = ["PORT_OFFSETS", "MetricsServer", "metrics_port", "serving", "timed"]
+
+PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3}
+
+_log = get_logger("metrics")
+
+Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def metrics_port(settings: Settings, service: str) -> int:
+    """The service's port; 0 when metrics are off."""
+    return settings.metrics_port + PORT_OFFSETS[service] if settings.metrics_port else 0
+
+
+class MetricsServer:
+    def __init__(self, service: str, registry: CollectorRegistry, *, host: str, port: int,
+                 routes: dict[str, Route] | None = None) -> None:
+        self.service = service
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._routes = routes or {}
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> bool:
+        """Serve; False (with an error logged) when the port cannot be bound.
+
+        Not fatal on purpose: a device plugin that crash-loops over a busy metrics port (say, gpu-manager
+        still on 5678 during a migration) takes the node's GPUs away; a missing scrape target only raises
+        an alert.
+        """
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metric", self._metrics)  # gpu-manager's path, for existing scrape configs
+        for path, handler in self._routes.items():
+            app.router.add_get(path, handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            _log.error("metrics are NOT served: cannot listen; pick another --metrics-port (0 turns it off)",
+                       host=self.host, port=self.port, error=exc.strerror or str(exc))
+            return False
+        self._runner = runner
+        _log.info("serving metrics", port=self.port, paths=["/metrics", *self._routes])
+        return True
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        # Collect on the loop (a consistent read of the state the loop mutates), format in a thread:
+        # formatting is most of a scrape's cost and must not hold up Allocate.
+        families = list(self.registry.collect())
+        body = await asyncio.to_thread(generate_latest, _Collected(families))  # type: ignore[arg-type]
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+@asynccontextmanager
+async def serving(settings: Settings, service: str, registry: CollectorRegistry,
+                  routes: dict[str, Route] | None = None) -> AsyncIterator[MetricsServer | None]:
+    """The service's metrics server for the duration of the block (None when metrics are off)."""
+    port = metrics_port(settings, service)
+    if not port:
+        yield None
+        return
+    server = MetricsServer(service, registry, host=settings.metrics_host, port=port, routes=routes)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+class _Collected:
+    """Already collected families, in the shape generate_latest reads from a registry."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Any]:
+        return self._families
+
+
+def timed(fn: Callable[..., Awaitable[Any]], histogram: Histogram,
+          outcome: Callable[[BaseException | None], dict[str, str]]) -> Callable[..., Awaitable[Any]]:
+    """``fn`` with each call's duration observed in ``histogram``, labelled by ``outcome(error)``."""
+
+    def observe(exc: BaseException | None, start: float) -> None:
+        labels = outcome(exc)
+        (histogram.labels(**labels) if labels else histogram).observe(time.perf_counter() - start)
+
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            observe(exc, start)
+            raise
+        observe(None, start)
+        return result
+
+    return wrapper

@@ -1,0 +1,58 @@
+"""The registrar's metrics: what it advertises to the kubelet, and how long the kubelet's calls take."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from libs.config import Settings
+from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
+from libs.metrics import serving, timed
+from services.registrar.catalog import DeviceCatalog
+from services.registrar.health import DeviceHealth
+from services.registrar.plugin import DevicePlugin
+
+__all__ = ["RegistrarCollector", "observe"]
+
+KUBELET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class RegistrarCollector(Collector):
+    def __init__(self, catalog: DeviceCatalog, health: DeviceHealth) -> None:
+        self.catalog = catalog
+        self.health = health
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fam = GaugeMetricFamily("gpuledger_advertised_devices",
+                                "Device IDs advertised to the kubelet in ListAndWatch, by health",
+                                labels=["resource", "health"])
+        for resource in (RESOURCE_VCORE, RESOURCE_VMEMORY):
+            states = self.health.states(resource, self.catalog.ids(resource))
+            for state in ("Healthy", "Unhealthy"):
+                fam.add_metric([resource, state], sum(s == state for s in states))
+        yield fam
+
+
+@asynccontextmanager
+async def observe(settings: Settings, plugins: list[DevicePlugin], catalog: DeviceCatalog,
+                  health: DeviceHealth) -> AsyncIterator[CollectorRegistry]:
+    """Instrument the plugins' kubelet calls (before they are served) and serve /metrics."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    calls = Histogram("gpuledger_kubelet_request_duration_seconds",
+                      "Allocate and PreStartContainer calls from the kubelet, as the kubelet waits for them",
+                      ["method", "resource", "outcome"], buckets=KUBELET_BUCKETS, registry=registry)
+    for plugin in plugins:
+        for method in ("Allocate", "PreStartContainer"):
+            def outcome(exc: BaseException | None, method: str = method, resource: str = plugin.resource,
+                        ) -> dict[str, str]:
+                return {"method": method, "resource": resource, "outcome": "ok" if exc is None else "error"}
+
+            setattr(plugin, method, timed(getattr(plugin, method), calls, outcome))
+    registry.register(RegistrarCollector(catalog, health))
+    async with serving(settings, "registrar", registry):
+        yield registry

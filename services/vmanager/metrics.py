@@ -1,0 +1,45 @@
+"""The vmanager's metrics: how far it has followed the log, and the pods whose vcuda.sock it serves."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from libs.config import Settings
+from libs.metrics import serving
+from services.vmanager.podsockets import PodSockets
+from services.vmanager.tracker import AllocationTracker
+
+__all__ = ["VmanagerCollector", "observe"]
+
+
+class VmanagerCollector(Collector):
+    def __init__(self, tracker: AllocationTracker, sockets: PodSockets) -> None:
+        self.tracker = tracker
+        self.sockets = sockets
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, doc, value in (
+            ("gpuledger_vmanager_followed_seq", "Seq of the last log event the vmanager has folded",
+             self.tracker.follower.last_seq),
+            ("gpuledger_vmanager_caught_up", "1 once the vmanager has caught up with the log at start",
+             1 if self.tracker.caught_up.is_set() else 0),
+            ("gpuledger_vmanager_pod_sockets", "Pods whose vcuda.sock the vmanager serves", len(self.sockets.servers)),
+        ):
+            fam = GaugeMetricFamily(name, doc)
+            fam.add_metric([], value)
+            yield fam
+
+
+@asynccontextmanager
+async def observe(settings: Settings, tracker: AllocationTracker,
+                  sockets: PodSockets) -> AsyncIterator[CollectorRegistry]:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    registry.register(VmanagerCollector(tracker, sockets))
+    async with serving(settings, "vmanager", registry):
+        yield registry
