@@ -24,25 +24,11 @@ __all__ = ["SERVICES", "Child", "Launcher", "settings_env"]
 
 SERVICES = ("allocator", "watchdog", "vmanager", "registrar")
 _log = get_logger("up")
-_ISSUE7_FIELDS = ("metrics_port", "metrics_host", "usage_interval", "health_checks", "health_ignored_xids",
-                  "health_recovery_seconds", "health_recovery_checks", "health_check_interval")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that makes a child build the same Settings (see gpuledger/options.py)."""
-    values = {
-        "NODE_NAME": settings.node_name, "STATE_DIR": settings.state_dir,
-        "DEVICE_PLUGIN_DIR": settings.device_plugin_dir, "POD_RESOURCES_SOCKET": settings.pod_resources_socket,
-        "VM_DIR": settings.vm_dir, "VDRIVER_DIR": settings.vdriver_dir, "NATS_URL": settings.nats_url,
-        "KUBECONFIG": settings.kubeconfig, "GPUS": settings.gpus,
-        "SHARE_MODE": "true" if settings.share_mode else "false",
-        "ALLOCATE_TIMEOUT": str(settings.allocate_timeout), "REQUEST_TIMEOUT": str(settings.request_timeout),
-        "LOG_FORMAT": settings.log_format, "LOG_LEVEL": settings.log_level,
-        **{f.upper(): str(getattr(settings, f)).lower() if isinstance(getattr(settings, f), bool)  # issue 7
-           else str(getattr(settings, f)) for f in _ISSUE7_FIELDS},
-    }
-    # to_env() covers every Settings field, so fields added later reach the children too.
-    return {**settings.to_env(), **{f"GPULEDGER_{k}": v for k, v in values.items()}}
+    return settings.to_env()
 
 
 @dataclass
