@@ -15,11 +15,18 @@ import msgspec
 
 from libs.config import MIB
 from libs.events.codec import StoredEvent, format_time, to_record
-from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, InventoryRecorded
-from libs.ledger.state import LedgerSnapshot, LedgerState
-from libs.store import iter_events, open_reader, replay
+from libs.events.schema import (
+    AllocationGranted,
+    AllocationRefused,
+    AllocationReleased,
+    GpuShare,
+    InventoryRecorded,
+)
+from libs.ledger.holdings import AuditView, audit_replay
+from libs.ledger.timeline import Entry
+from libs.store import iter_events, open_reader
 
-__all__ = ["follow_events", "print_events", "print_snapshot", "replay_state", "summary"]
+__all__ = ["follow_events", "print_events", "print_history", "print_snapshot", "replay_state", "summary"]
 
 
 def summary(stored: StoredEvent) -> str:
@@ -67,28 +74,46 @@ def follow_events(path: Path, *, since: int, as_json: bool, poll: float = 0.3) -
         last = print_events(path, since=last, as_json=as_json)
 
 
-def replay_state(path: Path, *, at: int | None = None, seq: int | None = None) -> LedgerSnapshot:
-    state = LedgerState()
-    replay(path, state.apply, upto_seq=seq, upto_time=at)
-    return state.snapshot()
+def replay_state(path: Path, *, at: int | None = None, seq: int | None = None) -> AuditView:
+    return audit_replay(path, upto_seq=seq, upto_time=at)
 
 
-def print_snapshot(snap: LedgerSnapshot, *, as_json: bool, out: TextIO = sys.stdout) -> None:
+def _shares(shares: tuple[GpuShare, ...]) -> str:
+    return ",".join(f"GPU{s.index}:{s.cores}c/{s.memory // MIB}MiB" for s in shares)
+
+
+def print_snapshot(view: AuditView, *, as_json: bool, out: TextIO = sys.stdout) -> None:
+    """Who held which GPU share, since when, granted by which request."""
     if as_json:
-        print(msgspec.json.encode(snap).decode(), file=out)
+        print(msgspec.json.encode(view).decode(), file=out)
         return
-    when = format_time(snap.time) if snap.time else "-"
-    print(f"state at seq {snap.seq} ({when}), node {snap.node or '-'}", file=out)
+    when = format_time(view.time) if view.time else "-"
+    print(f"state at seq {view.seq} ({when}), node {view.node or '-'}", file=out)
     print(f"{'GPU':<5}{'UUID':<42}{'cores used':>11}{'memory used':>18}  allocations", file=out)
-    for g in snap.gpus:
+    for g in view.gpus:
         print(f"{g.index:<5}{g.uuid:<42}{g.cores_used:>7}/100{g.memory_used // MIB:>10}/{g.memory_total // MIB:<7}"
-              f"  {len(g.alloc_ids)}", file=out)
-    if not snap.allocations:
+              f"  {len(g.holders)}", file=out)
+    if not view.allocations:
         print("no allocations", file=out)
         return
-    print(f"\n{'POD':<36}{'CONTAINER':<16}{'GPUS':<10}{'CORES':>6}{'MEMORY':>10}  {'SINCE':<28}SEQ", file=out)
-    for a in snap.allocations:
-        pod = f"{a.namespace}/{a.pod_name}"
-        gpus = ",".join(str(s.index) for s in a.shares)
-        print(f"{pod:<36}{a.container:<16}{gpus:<10}{a.cores:>6}{a.memory // MIB:>7}MiB  "
-              f"{format_time(a.granted_at):<28}{a.granted_seq}", file=out)
+    print(f"\n{'POD':<32}{'CONTAINER':<14}{'SHARES':<24}{'SINCE':<32}{'SEQ':>7}  {'REQUEST':<24}EVENT", file=out)
+    for a in view.allocations:
+        pod = f"{a.namespace}/{a.pod_name}" if a.pod_name else a.pod_uid
+        print(f"{pod:<32}{a.container:<14}{_shares(a.shares):<24}{format_time(a.since):<32}{a.granted_seq:>7}  "
+              f"{a.request_id:<24}{a.event_id}", file=out)
+
+
+def print_history(entries: list[Entry], *, as_json: bool, out: TextIO = sys.stdout) -> None:
+    if as_json:
+        for e in entries:
+            print(msgspec.json.encode(e).decode(), file=out)
+        return
+    if not entries:
+        print("no events", file=out)
+        return
+    print(f"{'SEQ':>7}  {'TIME':<32}{'TYPE':<20}{'POD':<32}{'CONTAINER':<14}{'SHARES':<24}DETAIL", file=out)
+    for e in entries:
+        pod = f"{e.namespace}/{e.pod_name}" if e.pod_name else e.pod_uid
+        detail = e.detail or (f"request {e.request_id}" if e.request_id else "")
+        print(f"{e.seq:>7}  {format_time(e.time):<32}{e.type:<20}{pod:<32}{e.container:<14}{_shares(e.shares):<24}"
+              f"{detail}", file=out)
