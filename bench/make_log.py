@@ -73,13 +73,13 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
               progress: bool = True) -> int:
     """Append ``events`` to the log at ``path`` (created if absent); returns the last seq."""
     create_schema(path)
-    rng = random.Random(seed)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous=OFF")
     seq, at, prev = 0, START_NS, GENESIS_HASH
     last = conn.execute("SELECT seq, recorded_at, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
     if last:
         seq, at, prev = last
+    rng = random.Random(f"{seed}:{seq}")  # a continued log gets fresh event ids
     versions: dict[str, int] = {}
     rows: list[tuple[object, ...]] = []
     started = time.monotonic()
@@ -97,7 +97,10 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
         seq += 1
         at += step_ns
         stream = ev.stream()
-        version = versions.get(stream, 0) + 1
+        known = versions.get(stream)
+        if known is None and last:  # continuing a log: the stream may already have events
+            known = conn.execute("SELECT MAX(version) FROM events WHERE stream_id = ?", (stream,)).fetchone()[0]
+        version = (known or 0) + 1
         versions[stream] = version
         if isinstance(ev, AllocationReleased):
             versions.pop(stream, None)  # a synthetic pod is done after its release: keep the dict small
