@@ -240,3 +240,9 @@ def gen_protos() -> None:
 
 if __name__ == "__main__":
     main()
+
+from gpuledger import audit_cmd  # noqa: E402  (issue 6: audit and operations)
+
+main.add_command(audit_cmd.history)
+main.add_command(audit_cmd.audit)
+main.add_command(audit_cmd.import_checkpoint)

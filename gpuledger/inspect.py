@@ -105,8 +105,8 @@ def print_snapshot(view: AuditView, *, as_json: bool, out: TextIO = sys.stdout) 
 
 def print_history(entries: list[Entry], *, as_json: bool, out: TextIO = sys.stdout) -> None:
     if as_json:
-        for e in entries:
-            print(msgspec.json.encode(e).decode(), file=out)
+        for e in entries:  # the record's fields plus the readable time, as `events --json` prints
+            print(msgspec.json.encode({"time": e.time, **msgspec.structs.asdict(e)}).decode(), file=out)
         return
     if not entries:
         print("no events", file=out)
@@ -115,5 +115,5 @@ def print_history(entries: list[Entry], *, as_json: bool, out: TextIO = sys.stdo
     for e in entries:
         pod = f"{e.namespace}/{e.pod_name}" if e.pod_name else e.pod_uid
         detail = e.detail or (f"request {e.request_id}" if e.request_id else "")
-        print(f"{e.seq:>7}  {format_time(e.time):<32}{e.type:<20}{pod:<32}{e.container:<14}{_shares(e.shares):<24}"
+        print(f"{e.seq:>7}  {e.time:<32}{e.type:<20}{pod:<32}{e.container:<14}{_shares(e.shares):<24}"
               f"{detail}", file=out)

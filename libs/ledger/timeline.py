@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from libs.events.codec import StoredEvent
+from libs.events.codec import StoredEvent, format_time
 from libs.events.schema import GpuShare
 from libs.ledger.holdings import _Granted, _Imported, _Inventory, _Released, iter_views
 from libs.store.replay import open_reader
@@ -24,7 +24,7 @@ __all__ = ["Entry", "gpu_history", "pod_history"]
 
 class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
     seq: int
-    time: int
+    recorded_at: int          # unix ns
     type: str
     pod_uid: str = ""
     namespace: str = ""
@@ -37,10 +37,14 @@ class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
     request_id: str = ""
     detail: str = ""
 
+    @property
+    def time(self) -> str:
+        return format_time(self.recorded_at)
+
 
 def _grant_entry(seq: int, at: int, g: _Granted) -> Entry:
     detail = f"imported from {g.source}" if isinstance(g, _Imported) else ""
-    return Entry(seq=seq, time=at, type="alloc.imported" if isinstance(g, _Imported) else "alloc.granted",
+    return Entry(seq=seq, recorded_at=at, type="alloc.imported" if isinstance(g, _Imported) else "alloc.granted",
                  pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                  alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=g.request_id,
                  detail=detail)
@@ -52,8 +56,8 @@ _COPIED = ("pod_uid", "namespace", "pod_name", "container", "alloc_id", "request
 def _other_entry(stored: StoredEvent) -> Entry:
     ev = stored.event
     fields = {k: v for k in _COPIED if isinstance(v := getattr(ev, k, None), str)}
-    return Entry(seq=stored.seq, time=stored.recorded_at, type=stored.type, detail=getattr(ev, "reason", "") or "",
-                 **fields)
+    return Entry(seq=stored.seq, recorded_at=stored.recorded_at, type=stored.type,
+                 detail=getattr(ev, "reason", "") or "", **fields)
 
 
 def pod_history(path: Path, pod: str) -> list[Entry]:
@@ -73,7 +77,7 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
             elif isinstance(view, _Released):
                 if view.pod_uid in uids:
                     g = grants.get(view.alloc_id)
-                    out.append(Entry(seq=seq, time=at, type="alloc.released", pod_uid=view.pod_uid,
+                    out.append(Entry(seq=seq, recorded_at=at, type="alloc.released", pod_uid=view.pod_uid,
                                      namespace=g.namespace if g else "", pod_name=g.pod_name if g else "",
                                      container=view.container, alloc_id=view.alloc_id, detail=view.reason))
             elif isinstance(view, StoredEvent):
@@ -111,7 +115,7 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                 g = on_gpu.pop(view.alloc_id, None)
                 if g is not None:
                     shares = tuple(s for s in g.shares if _names_gpu(gpu, s.index, s.uuid))
-                    out.append(Entry(seq=seq, time=at, type="alloc.released", pod_uid=g.pod_uid,
+                    out.append(Entry(seq=seq, recorded_at=at, type="alloc.released", pod_uid=g.pod_uid,
                                      namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                                      alloc_id=g.alloc_id, cores=sum(s.cores for s in shares),
                                      memory=sum(s.memory for s in shares), shares=shares, detail=view.reason))
@@ -119,7 +123,7 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                 found = [g for g in view.gpus if _names_gpu(gpu, g.index, g.uuid)]
                 detail = (f"GPU{found[0].index} {found[0].uuid} {found[0].name}".strip() if found
                           else "not in the inventory")
-                out.append(Entry(seq=seq, time=at, type="inventory.recorded", detail=detail))
+                out.append(Entry(seq=seq, recorded_at=at, type="inventory.recorded", detail=detail))
             elif isinstance(view, StoredEvent) and _event_names_gpu(view.event, gpu):
                 out.append(_other_entry(view))
     finally:

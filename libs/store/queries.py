@@ -40,5 +40,12 @@ class LogQueries:
             rows = (await conn.execute(stmt)).all()
         return [row_to_stored(tuple(r)) for r in rows]
 
+    async def by_command(self, command_id: str) -> list[StoredEvent]:
+        """The events a command appended (the ``events_command`` index), in seq order."""
+        stmt = select(*_COLUMNS).where(events.c.command_id == command_id).order_by(events.c.seq)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [row_to_stored(tuple(r)) for r in rows]
+
     async def close(self) -> None:
         await self.engine.dispose()
