@@ -89,7 +89,7 @@ def _check_pages(conn: sqlite3.Connection, path: Path, report: Report) -> None:
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     extra = os.path.getsize(path) - page_size * pages
-    if extra > 0 and not Path(f"{path}-wal").exists():
+    if extra > 0:
         report.notes.append(f"{extra} bytes after the last page of {path.name} (a crashed copy or another "
                             "program appended them): SQLite ignores them")
     problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
