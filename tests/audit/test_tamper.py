@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -45,6 +46,17 @@ def tamper(path: Path, *sql: str) -> None:
     for statement in sql:
         conn.execute(statement)
     conn.close()
+
+
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
 
 
 def gpuledger(*args: str) -> subprocess.CompletedProcess[str]:
@@ -133,8 +145,7 @@ async def crash_copy(tmp_path: Path, count: int) -> tuple[Path, Path]:
 async def test_a_torn_last_commit_in_the_wal_loses_only_that_commit(tmp_path: Path) -> None:
     _, crashed = await crash_copy(tmp_path, 10)
     wal = Path(f"{crashed}-wal")
-    with open(wal, "r+b") as f:  # the last frame was half written when the power went
-        f.truncate(wal.stat().st_size - 1000)
+    os.truncate(wal, wal.stat().st_size - 1000)  # the last frame was half written when the power went
     report = verify_log(crashed)
     assert report.ok and report.last_seq == 9, report
     assert any("-wal holds" in n for n in report.notes)
@@ -149,8 +160,7 @@ async def test_a_torn_last_commit_in_the_wal_loses_only_that_commit(tmp_path: Pa
 
 async def test_garbage_after_the_last_commit_loses_nothing(tmp_path: Path) -> None:
     _, crashed = await crash_copy(tmp_path, 10)
-    with open(f"{crashed}-wal", "ab") as f:
-        f.write(b"\xde\xad\xbe\xef" * 2000)
+    append(Path(f"{crashed}-wal"), b"\xde\xad\xbe\xef" * 2000)
     report = verify_log(crashed)
     assert report.ok and report.last_seq == 10, report
     seen: list[int] = []
@@ -159,8 +169,7 @@ async def test_garbage_after_the_last_commit_loses_nothing(tmp_path: Path) -> No
 
 
 async def test_garbage_appended_to_the_main_file_is_reported_and_ignored(log_path: Path) -> None:
-    with open(log_path, "ab") as f:
-        f.write(b"\x00garbage" * 300)
+    append(log_path, b"\x00garbage" * 300)
     report = verify_log(log_path)
     assert report.ok and report.last_seq == 20
     assert any("bytes after the last page" in n for n in report.notes)
@@ -179,8 +188,7 @@ def test_a_corrupt_main_file_is_a_clear_error_naming_it(log_path: Path) -> None:
 
 
 async def test_the_allocator_refuses_a_corrupt_file_with_a_clear_error(log_path: Path) -> None:
-    with open(log_path, "r+b") as f:
-        f.write(b"\xff" * 100)
+    overwrite(log_path, 0, b"\xff" * 100)
     with pytest.raises(StoreError, match="not a readable gpuledger event log"):
         await EventLog.open(log_path)
 
