@@ -174,13 +174,22 @@ _state_dir = click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envv
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are committed.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines: seq, time, type, data, ...")
 @click.option("--since", type=int, default=0, help="Only events after this seq.")
-def events(state_dir: str, follow: bool, as_json: bool, since: int) -> None:
-    """Print the allocation log."""
-    from gpuledger.inspect import follow_events, print_events
+@click.option("--nats-url", envvar="GPULEDGER_NATS_URL", show_envvar=True, default=None,
+              help="With --follow: read the node's JetStream stream on this server instead of the SQLite file.")
+@click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], default=None,
+              help="With --nats-url: whose stream [default: the only gpuledger stream on the server].")
+@click.option("--durable", default=None,
+              help="With --nats-url: a durable consumer name; the server remembers what was printed.")
+def events(state_dir: str, follow: bool, as_json: bool, since: int, nats_url: str | None, node_name: str | None,
+           durable: str | None) -> None:
+    """Print the allocation log (the SQLite file; with --follow --nats-url, the node's event stream)."""
+    from gpuledger.inspect import follow_events, follow_stream, print_events
     from libs.errors import GpuledgerError
 
     try:
-        if follow:
+        if follow and nats_url:
+            asyncio.run(follow_stream(nats_url, node=node_name, since=since, as_json=as_json, durable=durable))
+        elif follow:
             follow_events(_log_path(state_dir), since=since, as_json=as_json)
         else:
             print_events(_log_path(state_dir), since=since, as_json=as_json)

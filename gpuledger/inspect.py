@@ -1,6 +1,8 @@
-"""``gpuledger events`` and ``gpuledger replay``: read the log file directly (read-only).
+"""``gpuledger events``, ``replay`` and ``history`` output; ``events --follow`` on the file or the stream.
 
 Reading the SQLite file works with every service stopped, which is when an auditor often needs it.
+``events --follow --nats-url`` reads the node's JetStream stream instead, as any operator's
+subscriber would.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 
 from libs.config import MIB
-from libs.events.codec import StoredEvent, format_time, to_record
+from libs.errors import StoreError
+from libs.events.codec import EventRecord, StoredEvent, format_time, from_record, to_record
 from libs.events.schema import (
     AllocationGranted,
     AllocationRefused,
@@ -22,11 +25,20 @@ from libs.events.schema import (
     GpuShare,
     InventoryRecorded,
 )
+from libs.events.subjects import Subjects, unescape_token
 from libs.ledger.holdings import AuditView, audit_replay
 from libs.ledger.timeline import Entry
 from libs.store import iter_events, open_reader
 
-__all__ = ["follow_events", "print_events", "print_history", "print_snapshot", "replay_state", "summary"]
+__all__ = [
+    "follow_events",
+    "follow_stream",
+    "print_events",
+    "print_history",
+    "print_snapshot",
+    "replay_state",
+    "summary",
+]
 
 
 def summary(stored: StoredEvent) -> str:
@@ -68,10 +80,70 @@ def print_events(path: Path, *, since: int, as_json: bool, out: TextIO = sys.std
 
 
 def follow_events(path: Path, *, since: int, as_json: bool, poll: float = 0.3) -> None:
+    """Follow the SQLite file itself: works with every service stopped."""
     last = print_events(path, since=since, as_json=as_json)
     while True:
         time.sleep(poll)
         last = print_events(path, since=last, as_json=as_json)
+
+
+async def follow_stream(url: str, *, node: str | None, since: int, as_json: bool, durable: str | None = None,
+                        out: TextIO = sys.stdout) -> None:
+    """Follow the node's JetStream stream, from ``since + 1``, or from a durable consumer's position."""
+    from libs.bus.client import Bus
+    from libs.bus.follow import LogFollower
+
+    bus = await Bus.connect(url, name="gpuledger-events", node=node or "-", wait=10)
+    try:
+        if node is None:
+            bus.subjects = Subjects(await _only_node(bus))
+
+        def show(stored: StoredEvent) -> None:
+            print(_line(stored, as_json), file=out, flush=True)
+
+        if durable:
+            await _follow_durable(bus, durable, since, show)
+        else:
+            await LogFollower(bus, show, after_seq=since).run()
+    finally:
+        await bus.close()
+
+
+async def _only_node(bus: Any) -> str:
+    prefix = "GPULEDGER_"
+    names = [info.config.name for info in await bus.js.streams_info()
+             if (info.config.name or "").startswith(prefix)]
+    if len(names) != 1:
+        raise StoreError(f"{len(names)} gpuledger streams on this NATS server ({', '.join(names) or 'none'}): "
+                         "name the node with --node-name")
+    return unescape_token(names[0][len(prefix):])
+
+
+async def _follow_durable(bus: Any, name: str, since: int, show: Any) -> None:
+    """A durable pull consumer: the server keeps the position; an event is acked once it is printed."""
+    import asyncio
+
+    import nats.errors
+    from nats.js import api
+    from nats.js.errors import APIError
+
+    config = api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=1024,
+                                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if since else api.DeliverPolicy.ALL,
+                                opt_start_seq=since + 1 if since else None)
+    while True:
+        try:
+            psub = await bus.js.pull_subscribe(f"{bus.subjects.prefix}.>", durable=name, stream=bus.subjects.stream,
+                                               config=config)
+            while True:
+                try:
+                    msgs = await psub.fetch(256, timeout=1)
+                except nats.errors.TimeoutError:
+                    continue
+                for msg in msgs:
+                    show(from_record(msgspec.json.decode(msg.data, type=EventRecord)))
+                    await msg.ack_sync(timeout=5)
+        except (nats.errors.Error, APIError, OSError):
+            await asyncio.sleep(0.5)  # the broker is away: the consumer's position waits on the server
 
 
 def replay_state(path: Path, *, at: int | None = None, seq: int | None = None) -> AuditView:
