@@ -21,6 +21,7 @@ protos: $(BIN)/gpuledger
 
 bench: $(BIN)/gpuledger
 	$(BIN)/python -m bench.allocate_rtt
+	rm -f /tmp/gpuledger-bench-1m.sqlite
 	$(BIN)/python -m bench.make_log /tmp/gpuledger-bench-1m.sqlite --events 1000000
 	$(BIN)/python -m bench.replay --log /tmp/gpuledger-bench-1m.sqlite
 	$(BIN)/python -m bench.restart --log /tmp/gpuledger-bench-1m.sqlite --events 1000000
