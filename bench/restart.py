@@ -74,7 +74,12 @@ async def wait_published(url: str, last: int, timeout: float = 900) -> None:
 
 async def stop(proc: asyncio.subprocess.Process) -> None:
     proc.send_signal(signal.SIGTERM)
-    await asyncio.wait_for(proc.wait(), 60)
+    try:
+        await asyncio.wait_for(proc.wait(), 60)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise RuntimeError("the allocator did not stop within 60 s of SIGTERM (no snapshot written)") from None
 
 
 async def run(events: int, reuse: Path | None) -> list[dict[str, object]]:
