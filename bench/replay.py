@@ -2,7 +2,8 @@
 
 A synthetic log (``bench.make_log``: one inventory, then grants with their full Allocate response and
 releases, 2:1) is read back, best of ``--runs`` runs each (warm page cache), in one process:
-- floor: ``SELECT`` of every column of every row through the raw driver, no decoding;
+- floor: ``SELECT`` of every column of every row through the raw driver, no decoding; and the same
+  for only the five columns the audit replay reads (seq, recorded_at, type, schema_v, payload);
 - audit replay (``gpuledger replay``): narrow views of the events, fold into holdings;
 - full replay: every event decoded into its typed Struct and folded into ``LedgerState`` (what the
   allocator does at start when it has no valid snapshot);
@@ -63,6 +64,13 @@ def main() -> None:
             pass
         conn.close()
 
+    def narrow_floor() -> None:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        cur = conn.execute("SELECT seq, recorded_at, type, schema_v, payload FROM events ORDER BY seq")
+        while cur.fetchmany(CHUNK):
+            pass
+        conn.close()
+
     def audit() -> None:
         assert audit_replay(path).seq == count
 
@@ -75,6 +83,7 @@ def main() -> None:
         assert verify_log(path).ok
 
     cases = [("raw scan of every column, no decoding (floor)", floor, args.runs),
+             ("raw scan of the 5 columns the audit replay reads (its floor)", narrow_floor, args.runs),
              ("audit replay: narrow decode + holdings (`gpuledger replay`)", audit, args.runs),
              ("full replay: typed decode + LedgerState (allocator start without snapshot)", full, args.runs),
              ("chain verification (`gpuledger audit verify`)", verify, 1)]
