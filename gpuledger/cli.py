@@ -205,14 +205,14 @@ def events(state_dir: str, follow: bool, as_json: bool, since: int, nats_url: st
 @click.option("--seq", type=int, default=None, help="The state right after this seq.")
 @click.option("--json", "as_json", is_flag=True)
 def replay(state_dir: str, at: str | None, seq: int | None, as_json: bool) -> None:
-    """Print the allocation state rebuilt from the log (now, or as of a time or seq)."""
-    from gpuledger.inspect import print_snapshot, replay_state
+    """Who held which GPU share, since when, granted by which request: now, or as of a time or seq."""
+    from gpuledger.inspect import audit_view, print_snapshot
     from libs.errors import GpuledgerError
     from libs.events.codec import parse_time
 
     try:
         when = parse_time(at) if at else None
-        print_snapshot(replay_state(_log_path(state_dir), at=when, seq=seq), as_json=as_json)
+        print_snapshot(audit_view(_log_path(state_dir), at=when, seq=seq), as_json=as_json)
     except (GpuledgerError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 

@@ -27,10 +27,12 @@ from libs.events.schema import (
 )
 from libs.events.subjects import Subjects, unescape_token
 from libs.ledger.holdings import AuditView, audit_replay
+from libs.ledger.state import LedgerSnapshot, LedgerState
 from libs.ledger.timeline import Entry
-from libs.store import iter_events, open_reader
+from libs.store import iter_events, open_reader, replay
 
 __all__ = [
+    "audit_view",
     "follow_events",
     "follow_stream",
     "print_events",
@@ -148,7 +150,15 @@ async def _follow_durable(bus: Any, name: str, since: int, show: Any) -> None:
             await asyncio.sleep(0.5)  # the broker is away: the consumer's position waits on the server
 
 
-def replay_state(path: Path, *, at: int | None = None, seq: int | None = None) -> AuditView:
+def replay_state(path: Path, *, at: int | None = None, seq: int | None = None) -> LedgerSnapshot:
+    """The allocator's full state as of a time or seq (every field it folds, responses included)."""
+    state = LedgerState()
+    replay(path, state.apply, upto_seq=seq, upto_time=at)
+    return state.snapshot()
+
+
+def audit_view(path: Path, *, at: int | None = None, seq: int | None = None) -> AuditView:
+    """Who held what as of a time or seq: what ``gpuledger replay`` prints (the fast, narrow fold)."""
     return audit_replay(path, upto_seq=seq, upto_time=at)
 
 
