@@ -73,6 +73,7 @@ class EventLog:
         self.path = path
         self._lock_fd: int | None = None
         self._listeners: list[Callable[[int], None]] = []
+        self._event_listeners: list[Callable[[list[StoredEvent]], None]] = []
         self._writer = LogWriter(path, on_commit=self._committed)
         self.queries = LogQueries(path)
 
@@ -111,7 +112,13 @@ class EventLog:
         """``callback(last_seq)`` runs on the event loop after each commit."""
         self._listeners.append(callback)
 
-    def _committed(self, last_seq: int) -> None:
+    def on_events(self, callback: Callable[[list[StoredEvent]], None]) -> None:
+        """``callback(events)`` gets each commit's new events, in seq order, on the event loop."""
+        self._event_listeners.append(callback)
+
+    def _committed(self, last_seq: int, fresh: list[StoredEvent]) -> None:
+        for ecb in self._event_listeners:
+            ecb(fresh)
         for cb in self._listeners:
             cb(last_seq)
 

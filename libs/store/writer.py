@@ -66,7 +66,7 @@ class LogWriter:
         self,
         path: Path,
         *,
-        on_commit: Callable[[int], None] | None = None,
+        on_commit: Callable[[int, list[StoredEvent]], None] | None = None,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self.path = path
@@ -202,12 +202,18 @@ class LogWriter:
             for req in group:
                 req.loop.call_soon_threadsafe(_resolve, req.future, err)
             return
+        fresh: list[StoredEvent] = []  # what this commit added, in seq order (not a retry's old events)
+        for result in results:
+            if isinstance(result, list):
+                for ev in result:
+                    if ev.seq > (fresh[-1].seq if fresh else self.last_seq):
+                        fresh.append(ev)
         self.last_seq, self._last_at, self._last_hash = seq, at, prev
         self._versions.update(versions)
         for req, result in zip(group, results, strict=True):
             req.loop.call_soon_threadsafe(_resolve, req.future, result)
         if self._on_commit and self._loop:
-            self._loop.call_soon_threadsafe(self._on_commit, seq)
+            self._loop.call_soon_threadsafe(self._on_commit, seq, fresh)
 
     def _find_command(self, command_id: str) -> list[StoredEvent]:
         assert self._conn
