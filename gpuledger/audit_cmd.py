@@ -100,7 +100,10 @@ def verify(state_dir: str, as_json: bool) -> None:
               help="The GPU inventory, as for `gpuledger run` (used when the log has none yet).")
 @click.option("--vm-dir", envvar="GPULEDGER_VM_DIR", default="", help="As for `gpuledger run`.")
 @click.option("--vdriver-dir", envvar="GPULEDGER_VDRIVER_DIR", default="", help="As for `gpuledger run`.")
-def import_checkpoint(file: Path, **values: Any) -> None:
+@click.option("--kubelet-checkpoint", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The kubelet's kubelet_internal_checkpoint: records each container's device IDs, so that "
+                   "PreStartContainer finds imported allocations when a container restarts.")
+def import_checkpoint(file: Path, kubelet_checkpoint: Path | None, **values: Any) -> None:
     """Turn gpu-manager's gpumanager_internal_checkpoint into the log's first events.
 
     Run it once, with the allocator stopped, before gpuledger's first start on a node that ran
@@ -116,7 +119,7 @@ def import_checkpoint(file: Path, **values: Any) -> None:
         found = load_inventory(settings.gpus)
         inventory = InventoryRecorded(node=settings.node_name, backend=found.backend,
                                       driver_version=found.driver_version, gpus=found.gpus, links=found.links)
-        result = asyncio.run(do_import(file, settings, inventory))
+        result = asyncio.run(do_import(file, settings, inventory, kubelet_checkpoint))
     except (GpuledgerError, msgspec.ValidationError) as exc:
         raise click.ClickException(str(exc)) from exc
     if result.already:

@@ -29,6 +29,7 @@ from libs.config import Settings
 from libs.errors import GpuledgerError, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import AllocationImported, GpuInfo, GpuShare, InventoryRecorded
+from libs.kube.pods import RESOURCE_VCORE
 from libs.store import EventLog
 from services.allocator.responses import build_response
 
@@ -68,8 +69,39 @@ def _read(path: Path) -> _Checkpoint:
         raise CheckpointError(f"{path} is not a gpu-manager checkpoint: {exc}") from exc
 
 
-def plan_import(path: Path, gpus: tuple[GpuInfo, ...], settings: Settings) -> list[AllocationImported]:
-    """The events for ``path`` on a node with ``gpus``; raises CheckpointError naming what is wrong."""
+def kubelet_device_ids(path: Path) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(pod uid, container) -> the vcore device IDs the kubelet gave it, from kubelet_internal_checkpoint.
+
+    All three layouts (gpu-manager-reference.md 4.4): ``{"Data": {"PodDeviceEntries": [...]}}`` with
+    DeviceIDs per NUMA node (k8s >= 1.20) or as a flat list, and the legacy top-level form.
+    """
+    try:
+        raw = msgspec.json.decode(path.read_bytes())
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise CheckpointError(f"{path} is not a kubelet checkpoint: {exc}") from exc
+    data = raw.get("Data", raw) if isinstance(raw, dict) else None
+    entries = data.get("PodDeviceEntries") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise CheckpointError(f"{path} is not a kubelet checkpoint: no PodDeviceEntries")
+    out: dict[tuple[str, str], tuple[str, ...]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("ResourceName") != RESOURCE_VCORE:
+            continue
+        ids = entry.get("DeviceIDs") or []
+        flat = [i for v in ids.values() for i in v] if isinstance(ids, dict) else list(ids)
+        out[(str(entry.get("PodUID")), str(entry.get("ContainerName")))] = tuple(str(i) for i in flat)
+    return out
+
+
+def plan_import(path: Path, gpus: tuple[GpuInfo, ...], settings: Settings,
+                device_ids: dict[tuple[str, str], tuple[str, ...]] | None = None) -> list[AllocationImported]:
+    """The events for ``path`` on a node with ``gpus``; raises CheckpointError naming what is wrong.
+
+    ``device_ids`` (from the kubelet's checkpoint) lets PreStartContainer find an imported allocation
+    when the kubelet restarts one of its containers; without it they stay empty.
+    """
     checkpoint = _read(path)
     by_minor = {g.minor: g for g in gpus}
     used: dict[int, list[int]] = {g.index: [0, 0] for g in gpus}  # index -> [cores, memory]
@@ -79,13 +111,17 @@ def plan_import(path: Path, gpus: tuple[GpuInfo, ...], settings: Settings) -> li
             entry = checkpoint.PodGPUMapping[pod_uid][name]
             where = f"pod {pod_uid} container {name!r}"
             shares = _shares(entry, by_minor, where)
+            ids = (device_ids or {}).get((pod_uid, name), ())
+            if ids and len(ids) != entry.Cores:
+                raise CheckpointError(f"{where}: the kubelet's checkpoint gives it {len(ids)} {RESOURCE_VCORE} "
+                                      f"IDs but gpu-manager's {entry.Cores} cores")
             for share in shares:
                 used[share.index][0] += share.cores
                 used[share.index][1] += share.memory
             events.append(AllocationImported(
                 alloc_id=uuid.uuid4().hex, request_id=f"import:{pod_uid}/{name}", pod_uid=pod_uid,
                 namespace="", pod_name="", container=name, container_index=-1, cores=entry.Cores,
-                memory=entry.Memory, device_ids=(), shares=shares, source=str(path),
+                memory=entry.Memory, device_ids=ids, shares=shares, source=str(path),
                 response=build_response(shares=shares, cores=entry.Cores, memory=entry.Memory, pod_uid=pod_uid,
                                         vm_root=settings.vm_root, vdriver_root=settings.vdriver_root),
             ))
@@ -121,8 +157,10 @@ def _shares(entry: _Container, by_minor: dict[int, GpuInfo], where: str) -> tupl
     return (GpuShare(index=g.index, uuid=g.uuid, minor=g.minor, cores=entry.Cores, memory=entry.Memory),)
 
 
-async def import_checkpoint(path: Path, settings: Settings, inventory: InventoryRecorded) -> ImportResult:
+async def import_checkpoint(path: Path, settings: Settings, inventory: InventoryRecorded,
+                            kubelet_checkpoint: Path | None = None) -> ImportResult:
     """Append the checkpoint's allocations (and, into an empty log, the inventory first)."""
+    device_ids = kubelet_device_ids(kubelet_checkpoint) if kubelet_checkpoint is not None else None
     command_id = "import:" + hashlib.sha256(path.read_bytes()).hexdigest()[:32]
     log = await EventLog.open(settings.log_path)  # takes the writer lock: refuses while the allocator runs
     try:
@@ -132,7 +170,7 @@ async def import_checkpoint(path: Path, settings: Settings, inventory: Inventory
                 {e.event.pod_uid for e in earlier if isinstance(e.event, AllocationImported)}))
         recorded = await _recorded_inventory(log)
         gpus = recorded.gpus if recorded is not None else inventory.gpus
-        events = plan_import(path, gpus, settings)
+        events = plan_import(path, gpus, settings, device_ids)
         if recorded is None:
             await log.append([inventory])
         stored = await log.append(events, command_id=command_id) if events else []

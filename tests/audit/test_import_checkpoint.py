@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.events.schema import AllocationReleased
@@ -115,3 +117,48 @@ async def test_the_allocator_starts_on_the_imported_log(tmp_path: Path, nats_ser
         assert sorted(a.container for a in state.allocations.values()) == ["nb", "sidecar", "trainer"]
         assert all(a.request_id.startswith("import:") for a in state.allocations.values())
         assert sum(g.cores_used for g in state.gpus.values()) == 250
+
+
+def vcore_ids(start: int, count: int) -> list[str]:
+    return [f"tencent.com/vcuda-core-{i}" for i in range(start, start + count)]
+
+
+@pytest.mark.parametrize("layout", ["numa", "flat", "legacy"])
+def test_the_kubelet_checkpoint_supplies_device_ids(tmp_path: Path, layout: str) -> None:
+    def ids(start: int, count: int) -> object:
+        return {"0": vcore_ids(start, count)} if layout == "numa" else vcore_ids(start, count)
+
+    entries = [
+        {"PodUID": "0f6a-uid-trainer", "ContainerName": "trainer", "ResourceName": "tencent.com/vcuda-core",
+         "DeviceIDs": ids(0, 200), "AllocResp": ""},
+        {"PodUID": "0f6a-uid-trainer", "ContainerName": "trainer", "ResourceName": "tencent.com/vcuda-memory",
+         "DeviceIDs": ids(0, 1), "AllocResp": ""},
+        {"PodUID": "7c21-uid-notebook", "ContainerName": "nb", "ResourceName": "tencent.com/vcuda-core",
+         "DeviceIDs": ids(200, 30), "AllocResp": ""},
+    ]
+    body = {"PodDeviceEntries": entries, "RegisteredDevices": {}}
+    kubelet = write_checkpoint(tmp_path / "kubelet_internal_checkpoint",
+                               body if layout == "legacy" else {"Data": body, "Checksum": 1})
+    cp = write_checkpoint(tmp_path / "cp.json", CHECKPOINT)
+    state = tmp_path / "state"
+    run = gpuledger("import-checkpoint", str(cp), "--kubelet-checkpoint", str(kubelet), "--state-dir", str(state),
+                    "--gpus", "fake", "--node-name", "n1")
+    assert run.returncode == 0, run.stderr
+    fold = LedgerState()
+    replay(state / "ledger.sqlite", fold.apply)
+    trainer = fold.find_by_devices(vcore_ids(0, 200))  # what PreStartContainer looks up
+    assert trainer is not None and trainer.container == "trainer"
+    nb = fold.find_by_devices(vcore_ids(200, 30))
+    assert nb is not None and nb.container == "nb"
+    sidecar = next(a for a in fold.allocations.values() if a.container == "sidecar")
+    assert sidecar.device_ids == ()  # not in the kubelet's file: stays empty
+
+
+def test_a_kubelet_checkpoint_that_disagrees_is_refused(tmp_path: Path) -> None:
+    entries = [{"PodUID": "7c21-uid-notebook", "ContainerName": "nb", "ResourceName": "tencent.com/vcuda-core",
+                "DeviceIDs": vcore_ids(0, 31)}]
+    kubelet = write_checkpoint(tmp_path / "k", {"Data": {"PodDeviceEntries": entries}})
+    cp = write_checkpoint(tmp_path / "cp.json", CHECKPOINT)
+    run = gpuledger("import-checkpoint", str(cp), "--kubelet-checkpoint", str(kubelet), "--state-dir",
+                    str(tmp_path / "s"), "--gpus", "fake", "--node-name", "n1")
+    assert run.returncode == 1 and "gives it 31 tencent.com/vcuda-core IDs but gpu-manager's 30" in run.stderr
