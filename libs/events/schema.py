@@ -120,8 +120,9 @@ class AllocationImported(AllocationGranted, tag="alloc.imported", kw_only=True):
 
     It is an ``AllocationGranted`` (every fold that handles grants handles it), whose fields the
     checkpoint does not hold are empty: ``namespace``/``pod_name`` (only the pod UID is known),
-    ``device_ids`` (the kubelet's IDs are not in that file), ``container_index`` = -1. ``response`` is
-    the one gpu-manager would have returned; ``request_id`` is ``import:<pod uid>/<container>``.
+    ``device_ids`` (unless the kubelet's own checkpoint was given too), ``container_index`` = -1.
+    ``response`` is the one gpu-manager would have returned; ``request_id`` is
+    ``import:<pod uid>/<container>``.
     """
 
     source: str                     # the checkpoint file it came from
