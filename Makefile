@@ -21,8 +21,14 @@ protos: $(BIN)/gpuledger
 
 bench: $(BIN)/gpuledger
 	$(BIN)/python -m bench.allocate_rtt
-	$(BIN)/python -m bench.replay
 	$(BIN)/python -m bench.placement_quality
+	rm -f /tmp/gpuledger-bench-1m.sqlite
+	$(BIN)/python -m bench.make_log /tmp/gpuledger-bench-1m.sqlite --events 1000000
+	$(BIN)/python -m bench.replay --log /tmp/gpuledger-bench-1m.sqlite
+	$(BIN)/python -m bench.restart --log /tmp/gpuledger-bench-1m.sqlite --events 1000000
+	rm -f /tmp/gpuledger-bench-1m.sqlite
+	$(BIN)/python -m bench.append
+	$(BIN)/python -m bench.publication_lag
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

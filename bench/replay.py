@@ -1,88 +1,41 @@
-"""Replay rate: the log folded into LedgerState, next to a raw scan of the same rows (the floor).
+"""Replay rate: the audit replay and the allocator's full fold, next to a raw scan of the same rows.
 
-A synthetic log of grants and releases is written through the real writer (group commit, fsync),
-then read back three ways in the same run:
-- floor: ``SELECT`` of every row through the raw driver with ``fetchmany`` (no decoding);
-- decode: the same plus msgspec decoding into typed events (``iter_events``);
-- fold: ``replay()`` into ``LedgerState``, what the allocator does at start.
+A synthetic log (``bench.make_log``: one inventory, then grants with their full Allocate response and
+releases, 2:1) is read back, best of ``--runs`` runs each (warm page cache), in one process:
+- floor: ``SELECT`` of every column of every row through the raw driver, no decoding; and the same
+  for only the five columns the audit replay reads (seq, recorded_at, type, schema_v, payload);
+- audit replay (``gpuledger replay``): narrow views of the events, fold into holdings;
+- full replay: every event decoded into its typed Struct and folded into ``LedgerState`` (what the
+  allocator does at start when it has no valid snapshot);
+- chain verification (``gpuledger audit verify``): every row re-hashed.
 
-    python -m bench.replay [--events 200000] [--json out.json]
+    python -m bench.replay [--events 1000000] [--log PATH (reuse a log written by bench.make_log)]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
+import shutil
 import sqlite3
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from libs.events.schema import (
-    AllocationGranted,
-    AllocationReleased,
-    ContainerResponse,
-    Event,
-    GpuInfo,
-    GpuShare,
-    InventoryRecorded,
-)
+from bench.make_log import synthetic, write_log
+from libs.ledger.holdings import audit_replay
 from libs.ledger.state import LedgerState
-from libs.store import EventLog, iter_events, open_reader, replay
-from services.allocator.responses import build_response
-
-GPUS = 8
-
-
-def synthetic(count: int) -> list[Event]:
-    """A realistic mix: every grant (with its full response) is released two grants later."""
-    gib = 1 << 30
-    events: list[Event] = [InventoryRecorded(node="bench", backend="fake", gpus=tuple(
-        GpuInfo(index=i, minor=i, uuid=f"GPU-{i:08d}", memory=80 * gib) for i in range(GPUS)))]
-    live: list[AllocationGranted] = []
-    i = 0
-    while len(events) < count:
-        if len(live) > 2:
-            old = live.pop(0)
-            events.append(AllocationReleased(alloc_id=old.alloc_id, pod_uid=old.pod_uid, container=old.container,
-                                             reason="deleted"))
-            continue
-        gpu = i % GPUS
-        share = GpuShare(index=gpu, uuid=f"GPU-{gpu:08d}", minor=gpu, cores=25, memory=gib)
-        response: ContainerResponse = build_response(shares=(share,), cores=25, memory=gib, pod_uid=f"pod-{i}",
-                                                     vm_root=Path("/vm"), vdriver_root=Path("/vd"))
-        grant = AllocationGranted(
-            alloc_id=f"{i:032x}", request_id=f"r{i}", pod_uid=f"pod-{i}", namespace="bench", pod_name=f"p{i}",
-            container="c", container_index=0, cores=25, memory=gib,
-            device_ids=tuple(f"tencent.com/vcuda-core-{(i * 25 + k) % 800}" for k in range(25)),
-            shares=(share,), response=response)
-        live.append(grant)
-        events.append(grant)
-        i += 1
-    return events[:count]
+from libs.store import replay
+from libs.store.replay import CHUNK
+from libs.store.verify import verify_log
 
 
-async def build(path: Path, count: int) -> float:
-    log = await EventLog.open(path)
-    events = synthetic(count)
-    started = time.perf_counter()
-    try:
-        for start in range(0, len(events), 5000):
-            batch = events[start:start + 5000]
-            await asyncio.gather(*(log.append(batch[k:k + 500]) for k in range(0, len(batch), 500)))
-            print(f"  wrote {start + len(batch)}/{count}", file=sys.stderr, flush=True)
-    finally:
-        await log.close()
-    return time.perf_counter() - started
-
-
-def timed(fn) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], object], runs: int) -> float:
     best = float("inf")
-    for _ in range(3):  # best of three: the page cache is warm after the first
+    for _ in range(runs):
         started = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - started)
@@ -91,43 +44,63 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--log", type=Path, default=None, help="reuse this log instead of writing one")
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    path = Path(tempfile.mkdtemp(prefix="glr", dir="/tmp")) / "ledger.sqlite"
-    write_s = asyncio.run(build(path, args.events))
+    scratch = None
+    path = args.log
+    if path is None:
+        scratch = Path(tempfile.mkdtemp(prefix="glr", dir="/tmp"))
+        path = scratch / "ledger.sqlite"
+        write_log(path, synthetic(args.events))
+    count = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT MAX(seq) FROM events").fetchone()[0]
 
     def floor() -> None:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        cur = conn.execute("SELECT seq, recorded_at, stream_id, version, type, schema_v, event_id, command_id, "
-                           "payload FROM events ORDER BY seq")
-        while cur.fetchmany(10_000):
+        cur = conn.execute("SELECT * FROM events ORDER BY seq")
+        while cur.fetchmany(CHUNK):
             pass
         conn.close()
 
-    def decode() -> None:
-        conn = open_reader(path)
-        for _ in iter_events(conn):
+    def narrow_floor() -> None:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        cur = conn.execute("SELECT seq, recorded_at, type, schema_v, payload FROM events ORDER BY seq")
+        while cur.fetchmany(CHUNK):
             pass
         conn.close()
 
-    def fold() -> None:
+    def audit() -> None:
+        assert audit_replay(path).seq == count
+
+    def full() -> None:
         state = LedgerState()
         replay(path, state.apply)
-        assert state.seq == args.events
+        assert state.seq == count
 
+    def verify() -> None:
+        assert verify_log(path).ok
+
+    cases = [("raw scan of every column, no decoding (floor)", floor, args.runs),
+             ("raw scan of the 5 columns the audit replay reads (its floor)", narrow_floor, args.runs),
+             ("audit replay: narrow decode + holdings (`gpuledger replay`)", audit, args.runs),
+             ("full replay: typed decode + LedgerState (allocator start without snapshot)", full, args.runs),
+             ("chain verification (`gpuledger audit verify`)", verify, 1)]
     rows = []
-    for name, fn in (("raw scan (floor)", floor), ("scan + decode", decode), ("scan + decode + fold", fold)):
-        seconds = timed(fn)
-        rows.append({"name": name, "seconds": round(seconds, 3), "events_per_s": round(args.events / seconds)})
+    for name, fn, runs in cases:
+        seconds = timed(fn, runs)
+        rows.append({"name": name, "seconds": round(seconds, 3), "events_per_s": round(count / seconds)})
+        print(f"  {name}: {seconds:.2f} s", flush=True)
     size = path.stat().st_size
-    print("| read | seconds | events/s |\n|---|---:|---:|")
+    print(f"| read ({count:,} events, {size / count:,.0f} bytes/event on disk) | seconds | events/s |\n|---|---:|---:|")
     for r in rows:
         print(f"| {r['name']} | {r['seconds']} | {r['events_per_s']:,} |")
-    print(f"\n{args.events:,} events, {size / args.events:.0f} bytes/event on disk, written in {write_s:.1f} s "
-          f"({args.events / write_s:,.0f}/s, durable group commit) — {platform.machine()} {os.cpu_count()} cpu")
+    print(f"\n{platform.machine()}, {os.cpu_count()} cpu, load average {os.getloadavg()[0]:.2f} at the end")
     if args.json:
-        args.json.write_text(json.dumps({"events": args.events, "rows": rows, "bytes_per_event": size / args.events}))
+        args.json.write_text(json.dumps({"events": count, "rows": rows, "bytes_per_event": size / count}))
+    if scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -176,13 +176,22 @@ _state_dir = click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envv
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are committed.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines: seq, time, type, data, ...")
 @click.option("--since", type=int, default=0, help="Only events after this seq.")
-def events(state_dir: str, follow: bool, as_json: bool, since: int) -> None:
-    """Print the allocation log."""
-    from gpuledger.inspect import follow_events, print_events
+@click.option("--nats-url", envvar="GPULEDGER_NATS_URL", show_envvar=True, default=None,
+              help="With --follow: read the node's JetStream stream on this server instead of the SQLite file.")
+@click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], default=None,
+              help="With --nats-url: whose stream [default: the only gpuledger stream on the server].")
+@click.option("--durable", default=None,
+              help="With --nats-url: a durable consumer name; the server remembers what was printed.")
+def events(state_dir: str, follow: bool, as_json: bool, since: int, nats_url: str | None, node_name: str | None,
+           durable: str | None) -> None:
+    """Print the allocation log (the SQLite file; with --follow --nats-url, the node's event stream)."""
+    from gpuledger.inspect import follow_events, follow_stream, print_events
     from libs.errors import GpuledgerError
 
     try:
-        if follow:
+        if follow and nats_url:
+            asyncio.run(follow_stream(nats_url, node=node_name, since=since, as_json=as_json, durable=durable))
+        elif follow:
             follow_events(_log_path(state_dir), since=since, as_json=as_json)
         else:
             print_events(_log_path(state_dir), since=since, as_json=as_json)
@@ -198,14 +207,14 @@ def events(state_dir: str, follow: bool, as_json: bool, since: int) -> None:
 @click.option("--seq", type=int, default=None, help="The state right after this seq.")
 @click.option("--json", "as_json", is_flag=True)
 def replay(state_dir: str, at: str | None, seq: int | None, as_json: bool) -> None:
-    """Print the allocation state rebuilt from the log (now, or as of a time or seq)."""
-    from gpuledger.inspect import print_snapshot, replay_state
+    """Who held which GPU share, since when, granted by which request: now, or as of a time or seq."""
+    from gpuledger.inspect import audit_view, print_snapshot
     from libs.errors import GpuledgerError
     from libs.events.codec import parse_time
 
     try:
         when = parse_time(at) if at else None
-        print_snapshot(replay_state(_log_path(state_dir), at=when, seq=seq), as_json=as_json)
+        print_snapshot(audit_view(_log_path(state_dir), at=when, seq=seq), as_json=as_json)
     except (GpuledgerError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -240,10 +249,14 @@ def gen_protos() -> None:
         click.echo(path.relative_to(ROOT))
 
 
-main.add_command(importlib.import_module("gpuledger.status_cmd").status)  # issue 7
-main.add_command(importlib.import_module("gpuledger.gpu_cmd").gpu)  # issue 7
+# Commands that live in their own modules, each registered once `main` exists.
+_COMMANDS = (
+    ("status_cmd", "status"), ("gpu_cmd", "gpu"), ("simulate_cmd", "simulate"), ("health_cmd", "health"),
+    ("audit_cmd", "history"), ("audit_cmd", "audit"), ("audit_cmd", "import_checkpoint"),
+)
+for _module, _name in _COMMANDS:
+    main.add_command(getattr(importlib.import_module(f"gpuledger.{_module}"), _name))
+
 
 if __name__ == "__main__":
     main()
-main.add_command(importlib.import_module("gpuledger.simulate_cmd").simulate)
-main.add_command(importlib.import_module("gpuledger.health_cmd").health)

@@ -1,6 +1,8 @@
-"""``gpuledger events`` and ``gpuledger replay``: read the log file directly (read-only).
+"""``gpuledger events``, ``replay`` and ``history`` output; ``events --follow`` on the file or the stream.
 
 Reading the SQLite file works with every service stopped, which is when an auditor often needs it.
+``events --follow --nats-url`` reads the node's JetStream stream instead, as any operator's
+subscriber would.
 """
 
 from __future__ import annotations
@@ -9,23 +11,37 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 
 from libs.config import MIB
-from libs.events.codec import StoredEvent, format_time, to_record
+from libs.errors import StoreError
+from libs.events.codec import EventRecord, StoredEvent, format_time, from_record, to_record
 from libs.events.schema import (
     AllocationGranted,
     AllocationRefused,
     AllocationReleased,
     GpuHealthChanged,
+    GpuShare,
     InventoryRecorded,
 )
+from libs.events.subjects import Subjects, unescape_token
+from libs.ledger.holdings import AuditView, audit_replay
 from libs.ledger.state import LedgerSnapshot, LedgerState
+from libs.ledger.timeline import Entry
 from libs.store import iter_events, open_reader, replay
 
-__all__ = ["follow_events", "print_events", "print_snapshot", "replay_state", "summary"]
+__all__ = [
+    "audit_view",
+    "follow_events",
+    "follow_stream",
+    "print_events",
+    "print_history",
+    "print_snapshot",
+    "replay_state",
+    "summary",
+]
 
 
 def summary(stored: StoredEvent) -> str:
@@ -70,34 +86,122 @@ def print_events(path: Path, *, since: int, as_json: bool, out: TextIO = sys.std
 
 
 def follow_events(path: Path, *, since: int, as_json: bool, poll: float = 0.3) -> None:
+    """Follow the SQLite file itself: works with every service stopped."""
     last = print_events(path, since=since, as_json=as_json)
     while True:
         time.sleep(poll)
         last = print_events(path, since=last, as_json=as_json)
 
 
+async def follow_stream(url: str, *, node: str | None, since: int, as_json: bool, durable: str | None = None,
+                        out: TextIO = sys.stdout) -> None:
+    """Follow the node's JetStream stream, from ``since + 1``, or from a durable consumer's position."""
+    from libs.bus.client import Bus
+    from libs.bus.follow import LogFollower
+    from libs.log import configure_logging
+
+    configure_logging("events", fmt="console", level="warning")  # to stderr: stdout carries only the events
+    bus = await Bus.connect(url, name="gpuledger-events", node=node or "-", wait=10)
+    try:
+        if node is None:
+            bus.subjects = Subjects(await _only_node(bus))
+
+        def show(stored: StoredEvent) -> None:
+            print(_line(stored, as_json), file=out, flush=True)
+
+        if durable:
+            await _follow_durable(bus, durable, since, show)
+        else:
+            await LogFollower(bus, show, after_seq=since).run()
+    finally:
+        await bus.close()
+
+
+async def _only_node(bus: Any) -> str:
+    prefix = "GPULEDGER_"
+    names = [info.config.name for info in await bus.js.streams_info()
+             if (info.config.name or "").startswith(prefix)]
+    if len(names) != 1:
+        raise StoreError(f"{len(names)} gpuledger streams on this NATS server ({', '.join(names) or 'none'}): "
+                         "name the node with --node-name")
+    return unescape_token(names[0][len(prefix):])
+
+
+async def _follow_durable(bus: Any, name: str, since: int, show: Any) -> None:
+    """A durable pull consumer: the server keeps the position; an event is acked once it is printed."""
+    import asyncio
+
+    import nats.errors
+    from nats.js import api
+    from nats.js.errors import APIError
+
+    config = api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=1024,
+                                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if since else api.DeliverPolicy.ALL,
+                                opt_start_seq=since + 1 if since else None)
+    while True:
+        try:
+            psub = await bus.js.pull_subscribe(f"{bus.subjects.prefix}.>", durable=name, stream=bus.subjects.stream,
+                                               config=config)
+            while True:
+                try:
+                    msgs = await psub.fetch(256, timeout=1)
+                except nats.errors.TimeoutError:
+                    continue
+                for msg in msgs:
+                    show(from_record(msgspec.json.decode(msg.data, type=EventRecord)))
+                    await msg.ack_sync(timeout=5)
+        except (nats.errors.Error, APIError, OSError):
+            await asyncio.sleep(0.5)  # the broker is away: the consumer's position waits on the server
+
+
 def replay_state(path: Path, *, at: int | None = None, seq: int | None = None) -> LedgerSnapshot:
+    """The allocator's full state as of a time or seq (every field it folds, responses included)."""
     state = LedgerState()
     replay(path, state.apply, upto_seq=seq, upto_time=at)
     return state.snapshot()
 
 
-def print_snapshot(snap: LedgerSnapshot, *, as_json: bool, out: TextIO = sys.stdout) -> None:
+def audit_view(path: Path, *, at: int | None = None, seq: int | None = None) -> AuditView:
+    """Who held what as of a time or seq: what ``gpuledger replay`` prints (the fast, narrow fold)."""
+    return audit_replay(path, upto_seq=seq, upto_time=at)
+
+
+def _shares(shares: tuple[GpuShare, ...]) -> str:
+    return ",".join(f"GPU{s.index}:{s.cores}c/{s.memory // MIB}MiB" for s in shares)
+
+
+def print_snapshot(view: AuditView, *, as_json: bool, out: TextIO = sys.stdout) -> None:
+    """Who held which GPU share, since when, granted by which request."""
     if as_json:
-        print(msgspec.json.encode(snap).decode(), file=out)
+        print(msgspec.json.encode(view).decode(), file=out)
         return
-    when = format_time(snap.time) if snap.time else "-"
-    print(f"state at seq {snap.seq} ({when}), node {snap.node or '-'}", file=out)
+    when = format_time(view.time) if view.time else "-"
+    print(f"state at seq {view.seq} ({when}), node {view.node or '-'}", file=out)
     print(f"{'GPU':<5}{'UUID':<42}{'cores used':>11}{'memory used':>18}  allocations", file=out)
-    for g in snap.gpus:
+    for g in view.gpus:
         print(f"{g.index:<5}{g.uuid:<42}{g.cores_used:>7}/100{g.memory_used // MIB:>10}/{g.memory_total // MIB:<7}"
-              f"  {len(g.alloc_ids)}", file=out)
-    if not snap.allocations:
+              f"  {len(g.holders)}", file=out)
+    if not view.allocations:
         print("no allocations", file=out)
         return
-    print(f"\n{'POD':<36}{'CONTAINER':<16}{'GPUS':<10}{'CORES':>6}{'MEMORY':>10}  {'SINCE':<28}SEQ", file=out)
-    for a in snap.allocations:
-        pod = f"{a.namespace}/{a.pod_name}"
-        gpus = ",".join(str(s.index) for s in a.shares)
-        print(f"{pod:<36}{a.container:<16}{gpus:<10}{a.cores:>6}{a.memory // MIB:>7}MiB  "
-              f"{format_time(a.granted_at):<28}{a.granted_seq}", file=out)
+    print(f"\n{'POD':<32}{'CONTAINER':<14}{'SHARES':<24}{'SINCE':<32}{'SEQ':>7}  {'REQUEST':<24}EVENT", file=out)
+    for a in view.allocations:
+        pod = f"{a.namespace}/{a.pod_name}" if a.pod_name else a.pod_uid
+        print(f"{pod:<32}{a.container:<14}{_shares(a.shares):<24}{format_time(a.since):<32}{a.granted_seq:>7}  "
+              f"{a.request_id:<24}{a.event_id}", file=out)
+
+
+def print_history(entries: list[Entry], *, as_json: bool, out: TextIO = sys.stdout) -> None:
+    if as_json:
+        for e in entries:  # the record's fields plus the readable time, as `events --json` prints
+            print(msgspec.json.encode({"time": e.time, **msgspec.structs.asdict(e)}).decode(), file=out)
+        return
+    if not entries:
+        print("no events", file=out)
+        return
+    print(f"{'SEQ':>7}  {'TIME':<32}{'TYPE':<20}{'POD':<32}{'CONTAINER':<14}{'SHARES':<24}DETAIL", file=out)
+    for e in entries:
+        pod = f"{e.namespace}/{e.pod_name}" if e.pod_name else e.pod_uid
+        detail = e.detail or (f"request {e.request_id}" if e.request_id else "")
+        print(f"{e.seq:>7}  {e.time:<32}{e.type:<20}{pod:<32}{e.container:<14}{_shares(e.shares):<24}"
+              f"{detail}", file=out)

@@ -1,20 +1,24 @@
 """Follow the node's committed events in seq order, from any position, through JetStream.
 
-An ordered consumer (ephemeral, flow-controlled, recreated by the client on gaps) starting at
-``after_seq + 1``. Because stream seq == log seq, a follower that folds events and remembers its last
-seq can stop and resume without missing or repeating anything; ``LedgerState.apply`` also refuses gaps.
+An ordered consumer (ephemeral, flow-controlled) starting at ``after_seq + 1``. Because stream seq ==
+log seq, a follower that folds events and remembers its last seq can stop and resume without missing
+or repeating anything; ``LedgerState.apply`` also refuses gaps. The follower's own position is the
+only state: after a reconnect (the broker may have restarted and forgotten the ephemeral consumer), a
+gap, or an error, it subscribes again from ``last_seq + 1``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Callable
 
 import msgspec
+import nats.errors
 import structlog
 from nats.js import api
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from libs.bus.client import Bus
 from libs.events.codec import EventRecord, StoredEvent, from_record
@@ -28,10 +32,11 @@ Handler = Callable[[StoredEvent], Awaitable[None] | None]
 
 
 class LogFollower:
-    def __init__(self, bus: Bus, handler: Handler, *, after_seq: int = 0) -> None:
+    def __init__(self, bus: Bus, handler: Handler, *, after_seq: int = 0, idle_check: float = 1.0) -> None:
         self.bus = bus
         self.handler = handler
         self.last_seq = after_seq
+        self.idle_check = idle_check  # how often an idle follower checks that its subscription survived
         self._progress = asyncio.Condition()
 
     async def wait_for(self, seq: int, timeout: float) -> None:
@@ -51,6 +56,18 @@ class LogFollower:
                     _log.info("waiting for the event stream", stream=stream)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+        while True:
+            try:
+                await self._follow_once(stream)
+            except (nats.errors.Error, APIError, OSError) as exc:
+                # The broker went away (or restarted and forgot our ephemeral consumer): start again
+                # from our own position, which is all the state a follower needs.
+                _log.info("resubscribing to the event stream", after_seq=self.last_seq,
+                          reason=str(exc) or type(exc).__name__)
+                await asyncio.sleep(0.5)
+
+    async def _follow_once(self, stream: str) -> None:
+        reconnects = self.bus.nc.stats["reconnects"]
         sub = await self.bus.js.subscribe(
             f"{self.bus.subjects.prefix}.>",
             stream=stream,
@@ -60,10 +77,18 @@ class LogFollower:
             ),
         )
         try:
-            async for msg in sub.messages:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=self.idle_check)
+                except nats.errors.TimeoutError:
+                    if self.bus.nc.stats["reconnects"] != reconnects:
+                        raise _Reconnected() from None
+                    continue
                 record = msgspec.json.decode(msg.data, type=EventRecord)
                 if record.seq <= self.last_seq:
                     continue
+                if record.seq != self.last_seq + 1:  # a gap: never skip events, read from our position again
+                    raise _Reconnected(f"gap: expected seq {self.last_seq + 1}, got {record.seq}")
                 stored = from_record(record)
                 # The command that caused the event (an Allocate's request id): its log lines follow it here.
                 # The command that caused the event (an Allocate's request id) and the allocation and pod it
@@ -77,4 +102,9 @@ class LogFollower:
                     self.last_seq = stored.seq
                     self._progress.notify_all()
         finally:
-            await sub.unsubscribe()
+            with contextlib.suppress(nats.errors.Error, APIError, OSError):
+                await sub.unsubscribe()
+
+
+class _Reconnected(nats.errors.Error):
+    """The connection was re-established (or a gap seen): resubscribe from our own position."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+from collections import deque
 
 import msgspec
 import nats.errors
@@ -67,6 +69,10 @@ class Relay:
         self.published = 0  # last seq known to be in the stream
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
+        # Events just committed, handed over in memory so that publishing does not read them back
+        # from SQLite; the log stays the source whenever this buffer does not continue the stream.
+        self._recent: deque[StoredEvent] = deque(maxlen=4096)
+        log.on_events(self._recent.extend)
         log.on_commit(lambda _seq: self._wake.set())
 
     async def wait_published(self, seq: int, timeout: float) -> None:
@@ -126,7 +132,7 @@ class Relay:
 
     async def _publish_pending(self) -> None:
         while self.published < self.log.last_seq:
-            batch = await self.log.read_after(self.published, 512)
+            batch = self._recent_after(self.published) or await self.log.read_after(self.published, 512)
             if not batch:
                 return
             for start in range(0, len(batch), self.window):
@@ -139,6 +145,14 @@ class Relay:
                         raise result
                     self.published = stored.seq
                 self._synced.set()
+
+    def _recent_after(self, seq: int, limit: int = 512) -> list[StoredEvent]:
+        recent = self._recent
+        while recent and recent[0].seq <= seq:
+            recent.popleft()
+        if not recent or recent[0].seq != seq + 1:
+            return []
+        return list(itertools.islice(recent, limit))
 
     async def _publish(self, stored: StoredEvent) -> None:
         subjects = self.bus.subjects

@@ -4,6 +4,7 @@ from libs.events.codec import EventRecord, StoredEvent, from_record, register_up
 from libs.events.schema import (
     EVENT_TYPES,
     AllocationGranted,
+    AllocationImported,
     AllocationRefused,
     AllocationReleased,
     AnyEvent,
@@ -20,6 +21,7 @@ from libs.events.subjects import Subjects, escape_token, unescape_token
 __all__ = [
     "EVENT_TYPES",
     "AllocationGranted",
+    "AllocationImported",
     "AllocationRefused",
     "AllocationReleased",
     "AnyEvent",

@@ -17,6 +17,7 @@ import msgspec
 __all__ = [
     "EVENT_TYPES",
     "AllocationGranted",
+    "AllocationImported",
     "AllocationRefused",
     "AllocationReleased",
     "AnyEvent",
@@ -115,6 +116,22 @@ class AllocationGranted(Event, tag="alloc.granted", kw_only=True):
         return f"pod:{self.pod_uid}"
 
 
+class AllocationImported(AllocationGranted, tag="alloc.imported", kw_only=True):
+    """A grant taken over from gpu-manager's checkpoint by ``gpuledger import-checkpoint``.
+
+    It is an ``AllocationGranted`` (every fold that handles grants handles it), whose fields the
+    checkpoint does not hold are empty: ``namespace``/``pod_name`` (only the pod UID is known),
+    ``device_ids`` (unless the kubelet's own checkpoint was given too), ``container_index`` = -1.
+    ``response`` is the one gpu-manager would have returned; ``request_id`` is
+    ``import:<pod uid>/<container>``.
+    """
+
+    source: str                     # the checkpoint file it came from
+
+    def stream(self) -> str:
+        return f"pod:{self.pod_uid}"
+
+
 class AllocationReleased(Event, tag="alloc.released", kw_only=True):
     """A container's shares went back to the free pool."""
 
@@ -163,9 +180,13 @@ class GpuHealthChanged(Event, tag="gpu.health", kw_only=True):
         return f"gpu:{self.uuid}"
 
 
-AnyEvent = InventoryRecorded | AllocationGranted | AllocationReleased | AllocationRefused | GpuHealthChanged
+AnyEvent = (
+    InventoryRecorded | AllocationGranted | AllocationReleased | AllocationRefused | AllocationImported
+    | GpuHealthChanged
+)
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in (InventoryRecorded, AllocationGranted, AllocationReleased, AllocationRefused, GpuHealthChanged)
+    for cls in (InventoryRecorded, AllocationGranted, AllocationReleased, AllocationRefused, AllocationImported,
+                GpuHealthChanged)
 }

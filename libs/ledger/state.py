@@ -43,8 +43,11 @@ class Allocation(msgspec.Struct, gc=False, kw_only=True):
 
     @classmethod
     def from_event(cls, ev: AllocationGranted, seq: int, at: int) -> Allocation:
-        fields = msgspec.structs.asdict(ev)
+        fields = {f: getattr(ev, f) for f in _GRANT_FIELDS}  # a subtype (alloc.imported) may carry more
         return cls(**fields, granted_seq=seq, granted_at=at)
+
+
+_GRANT_FIELDS = AllocationGranted.__struct_fields__
 
 
 class GpuUsage(msgspec.Struct, kw_only=True):

@@ -9,26 +9,33 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import sqlalchemy.exc
 from sqlalchemy import create_engine, insert, select
 
 from libs.errors import StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
 from libs.store.queries import LogQueries
-from libs.store.replay import replay
+from libs.store.replay import replay, unreadable
 from libs.store.schema import LOG_FORMAT_VERSION, meta, metadata
 from libs.store.writer import LogWriter, connect
 
-__all__ = ["EventLog", "create_schema"]
+__all__ = ["EventLog", "create_schema", "writer_lock"]
 
 
 def create_schema(path: Path) -> None:
     """Create the tables and triggers if absent; refuse a log written in another format."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    connect(path).close()  # WAL is persistent: set it before SQLAlchemy opens the file
+    try:
+        connect(path).close()  # WAL is persistent: set it before SQLAlchemy opens the file
+    except sqlite3.DatabaseError as exc:
+        raise unreadable(path, exc) from exc
     engine = create_engine(f"sqlite:///{path}")
     try:
         with engine.begin() as conn:
@@ -38,14 +45,35 @@ def create_schema(path: Path) -> None:
                 conn.execute(insert(meta).values(key="format", value=LOG_FORMAT_VERSION))
             elif found != LOG_FORMAT_VERSION:
                 raise StoreError(f"{path} is log format {found}; this gpuledger reads {LOG_FORMAT_VERSION}")
+    except sqlalchemy.exc.DatabaseError as exc:
+        raise unreadable(path, exc.orig) from exc  # type: ignore[arg-type]
     finally:
         engine.dispose()
+
+
+def writer_lock(path: Path) -> int:
+    """Hold ``<log>.lock`` for as long as the returned fd is open: one writer per log, ever.
+
+    The allocator holds it while it runs; ``import-checkpoint`` takes it too, so it never writes under
+    a running allocator. The kernel drops it when the holder dies, so a crash leaves nothing to clean.
+    """
+    lock_path = Path(f"{path}.lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreError(f"another process is writing {path} (it holds {lock_path}): is the allocator running? "
+                         "Stop it first.") from None
+    return fd
 
 
 class EventLog:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock_fd: int | None = None
         self._listeners: list[Callable[[int], None]] = []
+        self._event_listeners: list[Callable[[list[StoredEvent]], None]] = []
         self._writer = LogWriter(path, on_commit=self._committed)
         self.queries = LogQueries(path)
 
@@ -54,8 +82,18 @@ class EventLog:
         path = Path(path)
         await asyncio.to_thread(create_schema, path)
         log = cls(path)
-        await asyncio.to_thread(log._writer.start, asyncio.get_running_loop())
+        log._lock_fd = writer_lock(path)
+        try:
+            await asyncio.to_thread(log._writer.start, asyncio.get_running_loop())
+        except BaseException:
+            log._unlock()
+            raise
         return log
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     @property
     def last_seq(self) -> int:
@@ -74,10 +112,17 @@ class EventLog:
         """``callback(last_seq)`` runs on the event loop after each commit."""
         self._listeners.append(callback)
 
-    def _committed(self, last_seq: int) -> None:
+    def on_events(self, callback: Callable[[list[StoredEvent]], None]) -> None:
+        """``callback(events)`` gets each commit's new events, in seq order, on the event loop."""
+        self._event_listeners.append(callback)
+
+    def _committed(self, last_seq: int, fresh: list[StoredEvent]) -> None:
+        for ecb in self._event_listeners:
+            ecb(fresh)
         for cb in self._listeners:
             cb(last_seq)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._writer.stop)
         await self.queries.close()
+        self._unlock()

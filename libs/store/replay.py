@@ -10,14 +10,17 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from libs.errors import StoreError
 from libs.events.codec import StoredEvent
 from libs.store.rows import COLUMNS, row_to_stored
 
-__all__ = ["iter_events", "open_reader", "replay", "seq_at_time"]
+__all__ = ["iter_events", "iter_rows", "open_reader", "replay", "seq_at_time", "unreadable"]
 
-CHUNK = 10_000
+# Rows fetched per call. Measured on 1.1 KB events: 1,000 scans ~25% faster than 10,000 (the rows of
+# a chunk stay in the CPU caches); smaller gains nothing.
+CHUNK = 1_000
 
 
 def open_reader(path: Path) -> sqlite3.Connection:
@@ -25,8 +28,22 @@ def open_reader(path: Path) -> sqlite3.Connection:
     if not path.exists():
         raise StoreError(f"no event log at {path}: has the allocator run with this --state-dir?")
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout=5000")
+    try:
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise unreadable(path, exc) from exc
     return conn
+
+
+def unreadable(path: Path | str, exc: sqlite3.DatabaseError) -> StoreError:
+    """The error for a log file SQLite cannot read: it names the file and says what to do."""
+    return StoreError(
+        f"{path} is not a readable gpuledger event log ({exc}). Keep the file for inspection; "
+        "`gpuledger audit verify` reports how far it is intact. Restore it from a backup (or from the "
+        "node's JetStream stream) before starting the allocator on it."
+    )
 
 
 def seq_at_time(conn: sqlite3.Connection, time_ns: int) -> int:
@@ -35,10 +52,11 @@ def seq_at_time(conn: sqlite3.Connection, time_ns: int) -> int:
     return int(row[0] or 0)
 
 
-def iter_events(
-    conn: sqlite3.Connection, *, after_seq: int = 0, upto_seq: int | None = None
-) -> Iterator[StoredEvent]:
-    sql = f"SELECT {COLUMNS} FROM events WHERE seq > ?"
+def iter_rows(
+    conn: sqlite3.Connection, columns: str, *, after_seq: int = 0, upto_seq: int | None = None
+) -> Iterator[tuple[Any, ...]]:
+    """Raw rows of ``columns`` in seq order, in one read transaction (a consistent view of the log)."""
+    sql = f"SELECT {columns} FROM events WHERE seq > ?"
     args: tuple[int, ...] = (after_seq,)
     if upto_seq is not None:
         sql += " AND seq <= ?"
@@ -47,10 +65,19 @@ def iter_events(
     try:
         cur = conn.execute(sql + " ORDER BY seq", args)
         while rows := cur.fetchmany(CHUNK):
-            for row in rows:
-                yield row_to_stored(row)
+            yield from rows
+    except sqlite3.DatabaseError as exc:
+        raise unreadable(conn.execute("PRAGMA database_list").fetchone()[2], exc) from exc
     finally:
-        conn.execute("COMMIT")
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+
+
+def iter_events(
+    conn: sqlite3.Connection, *, after_seq: int = 0, upto_seq: int | None = None
+) -> Iterator[StoredEvent]:
+    for row in iter_rows(conn, COLUMNS, after_seq=after_seq, upto_seq=upto_seq):
+        yield row_to_stored(row)
 
 
 def replay(

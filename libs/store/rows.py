@@ -9,9 +9,10 @@ from typing import Any
 import msgspec
 
 from libs.errors import CorruptLog
-from libs.events.codec import StoredEvent, decode_body
+from libs.events.codec import StoredEvent, decode_body, encode_body
+from libs.events.schema import Event
 
-__all__ = ["COLUMNS", "GENESIS_HASH", "chain_hash", "row_to_stored"]
+__all__ = ["COLUMNS", "GENESIS_HASH", "chain_hash", "event_row", "row_to_stored"]
 
 COLUMNS = "seq, recorded_at, stream_id, version, type, schema_v, event_id, command_id, payload"
 GENESIS_HASH = bytes(32)
@@ -22,6 +23,14 @@ _pack = msgspec.msgpack.Encoder().encode
 def chain_hash(prev: bytes, row: Sequence[Any]) -> bytes:
     """sha256(prev || msgpack(row)) where row is the tuple of COLUMNS, in that order."""
     return hashlib.sha256(prev + _pack(tuple(row))).digest()
+
+
+def event_row(
+    seq: int, recorded_at: int, stream: str, version: int, event: Event, event_id: bytes, command_id: str | None
+) -> tuple[Any, ...]:
+    """The stored columns of one event, in COLUMNS order (what ``chain_hash`` covers)."""
+    return (seq, recorded_at, stream, version, type(event).__struct_config__.tag, type(event).SCHEMA,
+            event_id, command_id, encode_body(event))
 
 
 def row_to_stored(row: Sequence[Any]) -> StoredEvent:

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.errors import AppendOnlyViolation, StoreError
-from libs.events.codec import StoredEvent, encode_body
+from libs.events.codec import StoredEvent
 from libs.events.schema import Event
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, row_to_stored
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
 
 __all__ = ["LogWriter"]
 
@@ -66,7 +66,7 @@ class LogWriter:
         self,
         path: Path,
         *,
-        on_commit: Callable[[int], None] | None = None,
+        on_commit: Callable[[int, list[StoredEvent]], None] | None = None,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self.path = path
@@ -95,9 +95,17 @@ class LogWriter:
             "SELECT seq, recorded_at, hash FROM events ORDER BY seq DESC LIMIT 1"
         ).fetchone()
         self.last_seq, self._last_at, self._last_hash = row if row else (0, 0, GENESIS_HASH)
-        self._versions = dict(
-            self._conn.execute("SELECT stream_id, MAX(version) FROM events GROUP BY stream_id").fetchall()
-        )
+        # Stream versions are looked up when a stream is first written (an index probe), not all at start:
+        # a million-event log has hundreds of thousands of pod streams and start-up must stay fast.
+        self._versions = {}
+
+    def _stream_version(self, stream: str) -> int:
+        known = self._versions.get(stream)
+        if known is None:
+            assert self._conn
+            row = self._conn.execute("SELECT MAX(version) FROM events WHERE stream_id = ?", (stream,)).fetchone()
+            known = self._versions[stream] = int(row[0] or 0)
+        return known
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -164,11 +172,10 @@ class LogWriter:
                     seq += 1
                     at = max(self._clock(), at)
                     stream = ev.stream()
-                    version = versions.get(stream, self._versions.get(stream, 0)) + 1
+                    version = (versions.get(stream) or self._stream_version(stream)) + 1
                     versions[stream] = version
                     event_id = uuid.uuid4().bytes
-                    row = (seq, at, stream, version, type(ev).__struct_config__.tag, type(ev).SCHEMA,
-                           event_id, req.command_id, encode_body(ev))
+                    row = event_row(seq, at, stream, version, ev, event_id, req.command_id)
                     prev = chain_hash(prev, row)
                     rows.append((*row, prev))
                     stored.append(StoredEvent(seq=seq, recorded_at=at, stream_id=stream, version=version,
@@ -195,12 +202,18 @@ class LogWriter:
             for req in group:
                 req.loop.call_soon_threadsafe(_resolve, req.future, err)
             return
+        fresh: list[StoredEvent] = []  # what this commit added, in seq order (not a retry's old events)
+        for result in results:
+            if isinstance(result, list):
+                for ev in result:
+                    if ev.seq > (fresh[-1].seq if fresh else self.last_seq):
+                        fresh.append(ev)
         self.last_seq, self._last_at, self._last_hash = seq, at, prev
         self._versions.update(versions)
         for req, result in zip(group, results, strict=True):
             req.loop.call_soon_threadsafe(_resolve, req.future, result)
         if self._on_commit and self._loop:
-            self._loop.call_soon_threadsafe(self._on_commit, seq)
+            self._loop.call_soon_threadsafe(self._on_commit, seq, fresh)
 
     def _find_command(self, command_id: str) -> list[StoredEvent]:
         assert self._conn

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from libs.bus import Bus, Relay
 from libs.config import Settings
 from libs.gpu import load_inventory
-from libs.ledger import LedgerState
+from libs.ledger.snapshot import SnapshotKeeper, load_state
 from libs.log import get_logger
 from libs.runtime import Supervisor
 from libs.store import EventLog
@@ -35,9 +35,12 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
     async with AsyncExitStack() as stack:
         events = await EventLog.open(settings.log_path)
         stack.push_async_callback(events.close)
-        state = LedgerState()
-        await events.replay(state.apply)
-        log.info("state replayed", seq=state.seq, allocations=len(state.allocations))
+        restored = await asyncio.to_thread(load_state, settings.log_path)  # snapshot + the log's tail
+        state = restored.state
+        log.info("state replayed", seq=state.seq, allocations=len(state.allocations),
+                 snapshot_seq=restored.snapshot_seq, replayed=restored.replayed)
+        snapshots = SnapshotKeeper(settings.log_path, state, saved_seq=restored.snapshot_seq)
+        stack.push_async_callback(snapshots.save)  # at a clean stop, so the next start replays nothing
 
         found = await asyncio.to_thread(load_inventory, settings.gpus)
         if (changed := inventory_event(settings.node_name, found, state)) is not None:
@@ -53,5 +56,6 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         relay = Relay(bus, events)
         supervisor.spawn(relay.run(), "relay")
         obs = await stack.enter_async_context(observe(settings, handlers, relay, found, supervisor))
+        supervisor.spawn(snapshots.run(), "snapshots")
         await handlers.serve()
         yield AllocatorService(handlers=handlers, relay=relay, supervisor=supervisor, observability=obs)

@@ -146,3 +146,21 @@ async def test_a_log_in_another_format_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StoreError, match="log format 99"):
         await EventLog.open(path)
+
+
+async def test_each_commit_hands_its_new_events_over_once(log: EventLog) -> None:
+    handed: list[int] = []
+    caught_up = asyncio.Event()
+
+    def on_events(evs: list) -> None:  # type: ignore[type-arg]
+        handed.extend(e.seq for e in evs)
+        if handed and handed[-1] == 5:
+            caught_up.set()
+
+    log.on_events(on_events)
+    await log.append([released(0)], command_id="same")
+    # Retries of one command in the same group, and new events around them.
+    await asyncio.gather(*(log.append([released(i)], command_id="same" if i % 2 else f"c{i}") for i in range(1, 9)))
+    await asyncio.wait_for(caught_up.wait(), 5)  # the hand-over runs on the loop right after each commit
+    assert handed == list(range(1, log.last_seq + 1))
+    assert log.last_seq == 5

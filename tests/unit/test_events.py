@@ -98,3 +98,15 @@ def test_times_parse_exactly(text: str, ns: int) -> None:
 def test_bad_times_are_named(text: str) -> None:
     with pytest.raises(ValueError, match="not a time"):
         parse_time(text)
+
+
+# Published names: the log's `type` column, the JSON record's `type`, the NATS subject suffix and the
+# docs/schemas file name. Never rename or remove one; add new types beside them.
+STABLE_EVENT_NAMES = {"inventory.recorded", "alloc.granted", "alloc.released", "alloc.refused", "alloc.imported"}
+
+
+def test_stable_event_names_are_kept() -> None:
+    assert set(EVENT_TYPES) >= STABLE_EVENT_NAMES
+    for name in EVENT_TYPES:
+        domain, _, verb = name.partition(".")
+        assert domain and verb and "." not in verb and name == name.lower()

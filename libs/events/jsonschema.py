@@ -1,0 +1,73 @@
+"""JSON Schema of each committed event as published on NATS, generated from the msgspec types.
+
+One file per event type, ``docs/schemas/<type>.json``: the record envelope (seq, time, ...) with
+``type`` and ``schema`` fixed to that type's name and version, and ``data`` = the event's fields.
+The files are committed; ``tests/audit/test_schemas.py`` fails when they are out of date.
+
+    python -m libs.events.jsonschema [--out docs/schemas]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from libs.events.codec import EventRecord
+from libs.events.schema import EVENT_TYPES
+
+__all__ = ["DEFAULT_OUT", "render", "schema_for", "schemas"]
+
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+
+
+def schema_for(type_name: str) -> dict[str, Any]:
+    cls = EVENT_TYPES[type_name]
+    event_schema = msgspec.json.schema(cls)
+    defs: dict[str, Any] = copy.deepcopy(event_schema["$defs"])
+    body = defs[cls.__name__]
+    # On the wire the tag travels in the envelope's `type`, not inside `data`.
+    body["properties"].pop("type", None)
+    body["required"] = [f for f in body.get("required", []) if f != "type"]
+    envelope = msgspec.json.schema(EventRecord)
+    record = copy.deepcopy(envelope["$defs"]["EventRecord"])
+    record["title"] = f"{type_name} v{cls.SCHEMA}"
+    record["description"] = (
+        f"A committed `{type_name}` event as published on gpuledger.<node>.{type_name} and printed by "
+        f"`gpuledger events --json`. data: {(cls.__doc__ or '').strip().splitlines()[0]}"
+    )
+    record["properties"]["type"] = {"const": type_name}
+    record["properties"]["schema"] = {"const": cls.SCHEMA}
+    record["properties"]["data"] = {"$ref": f"#/$defs/{cls.__name__}"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **record,
+        "$defs": defs,
+    }
+
+
+def schemas() -> dict[str, dict[str, Any]]:
+    return {name: schema_for(name) for name in sorted(EVENT_TYPES)}
+
+
+def render(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=2, sort_keys=False) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, schema in schemas().items():
+        path = args.out / f"{name}.json"
+        path.write_text(render(schema))
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

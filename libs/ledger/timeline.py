@@ -1,0 +1,137 @@
+"""The timeline of one pod or one GPU, read from the log (``gpuledger history``).
+
+A pod is named by UID or by name (``name`` or ``namespace/name``; a name can match several UIDs over
+time, each is listed). A GPU is named by NVML index or UUID. Grants and releases come from the same
+narrow views as the audit replay; any other event type is matched by the fields it carries
+(``pod_uid`` for pods; ``index``/``uuid``/``gpu_index``/``gpu_uuid`` for GPUs), so types added later
+show up without changes here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from libs.events.codec import StoredEvent, format_time
+from libs.events.schema import GpuShare
+from libs.ledger.holdings import _Granted, _Imported, _Inventory, _Released, iter_views
+from libs.store.replay import open_reader
+
+__all__ = ["Entry", "gpu_history", "pod_history"]
+
+
+class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    seq: int
+    recorded_at: int          # unix ns
+    type: str
+    pod_uid: str = ""
+    namespace: str = ""
+    pod_name: str = ""
+    container: str = ""
+    alloc_id: str = ""
+    cores: int = 0
+    memory: int = 0
+    shares: tuple[GpuShare, ...] = ()
+    request_id: str = ""
+    detail: str = ""
+
+    @property
+    def time(self) -> str:
+        return format_time(self.recorded_at)
+
+
+def _grant_entry(seq: int, at: int, g: _Granted) -> Entry:
+    detail = f"imported from {g.source}" if isinstance(g, _Imported) else ""
+    return Entry(seq=seq, recorded_at=at, type="alloc.imported" if isinstance(g, _Imported) else "alloc.granted",
+                 pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name, container=g.container,
+                 alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=g.request_id,
+                 detail=detail)
+
+
+_COPIED = ("pod_uid", "namespace", "pod_name", "container", "alloc_id", "request_id")
+
+
+def _other_entry(stored: StoredEvent) -> Entry:
+    ev = stored.event
+    fields = {k: v for k in _COPIED if isinstance(v := getattr(ev, k, None), str)}
+    return Entry(seq=stored.seq, recorded_at=stored.recorded_at, type=stored.type,
+                 detail=getattr(ev, "reason", "") or "", **fields)
+
+
+def pod_history(path: Path, pod: str) -> list[Entry]:
+    """Every event of the pod(s) named ``pod`` (UID, ``name`` or ``namespace/name``)."""
+    ns, _, name = pod.rpartition("/")
+    uids = {pod}
+    grants: dict[str, _Granted] = {}
+    out: list[Entry] = []
+    conn = open_reader(path)
+    try:
+        for seq, at, view in iter_views(conn):
+            if isinstance(view, _Granted):
+                if view.pod_uid in uids or (view.pod_name == name and ns in ("", view.namespace)):
+                    uids.add(view.pod_uid)
+                    grants[view.alloc_id] = view
+                    out.append(_grant_entry(seq, at, view))
+            elif isinstance(view, _Released):
+                if view.pod_uid in uids:
+                    g = grants.get(view.alloc_id)
+                    out.append(Entry(seq=seq, recorded_at=at, type="alloc.released", pod_uid=view.pod_uid,
+                                     namespace=g.namespace if g else "", pod_name=g.pod_name if g else "",
+                                     container=view.container, alloc_id=view.alloc_id, detail=view.reason))
+            elif isinstance(view, StoredEvent):
+                ev = view.event
+                uid = getattr(ev, "pod_uid", "")
+                if uid in uids or (name and getattr(ev, "pod_name", None) == name
+                                   and ns in ("", getattr(ev, "namespace", ""))):
+                    if uid:
+                        uids.add(uid)
+                    out.append(_other_entry(view))
+    finally:
+        conn.close()
+    return out
+
+
+def _names_gpu(gpu: str, index: int, uuid: str) -> bool:
+    return gpu == uuid or (gpu.isdigit() and int(gpu) == index)
+
+
+def gpu_history(path: Path, gpu: str) -> list[Entry]:
+    """Every grant on the GPU (by index or UUID), its release, and inventory changes naming the GPU."""
+    on_gpu: dict[str, _Granted] = {}
+    out: list[Entry] = []
+    conn = open_reader(path)
+    try:
+        for seq, at, view in iter_views(conn):
+            if isinstance(view, _Granted):
+                mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
+                if mine:
+                    on_gpu[view.alloc_id] = view
+                    entry = _grant_entry(seq, at, view)
+                    entry.shares = mine
+                    out.append(entry)
+            elif isinstance(view, _Released):
+                g = on_gpu.pop(view.alloc_id, None)
+                if g is not None:
+                    shares = tuple(s for s in g.shares if _names_gpu(gpu, s.index, s.uuid))
+                    out.append(Entry(seq=seq, recorded_at=at, type="alloc.released", pod_uid=g.pod_uid,
+                                     namespace=g.namespace, pod_name=g.pod_name, container=g.container,
+                                     alloc_id=g.alloc_id, cores=sum(s.cores for s in shares),
+                                     memory=sum(s.memory for s in shares), shares=shares, detail=view.reason))
+            elif isinstance(view, _Inventory):
+                found = [g for g in view.gpus if _names_gpu(gpu, g.index, g.uuid)]
+                detail = (f"GPU{found[0].index} {found[0].uuid} {found[0].name}".strip() if found
+                          else "not in the inventory")
+                out.append(Entry(seq=seq, recorded_at=at, type="inventory.recorded", detail=detail))
+            elif isinstance(view, StoredEvent) and _event_names_gpu(view.event, gpu):
+                out.append(_other_entry(view))
+    finally:
+        conn.close()
+    return out
+
+
+def _event_names_gpu(ev: Any, gpu: str) -> bool:
+    index = getattr(ev, "gpu_index", getattr(ev, "index", None))
+    uuid = getattr(ev, "gpu_uuid", getattr(ev, "uuid", None))
+    return (isinstance(index, int) and gpu.isdigit() and int(gpu) == index) or (uuid is not None and uuid == gpu)
