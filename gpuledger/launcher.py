@@ -36,6 +36,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "SHARE_MODE": "true" if settings.share_mode else "false",
         "ALLOCATE_TIMEOUT": str(settings.allocate_timeout), "REQUEST_TIMEOUT": str(settings.request_timeout),
         "LOG_FORMAT": settings.log_format, "LOG_LEVEL": settings.log_level,
+        # issue 4
+        "LIMIT_DELIVERY": settings.limit_delivery, "CGROUP_ROOT": settings.cgroup_root,
+        "PROC_ROOT": settings.proc_root, "HAMI_LIBRARY": settings.hami_library,
+        "HAMI_MOUNT_DIR": settings.hami_mount_dir, "HAMI_LOCK_DIR": settings.hami_lock_dir,
+        "LD_CACHE": settings.ld_cache, "DRIVER_BIN_DIRS": settings.driver_bin_dirs,
+        "VCUDA_CONTROL_LIBRARY": settings.vcuda_control_library,
+        "DRIVER_VOLUMES": "true" if settings.driver_volumes else "false",
     }
     return {f"GPULEDGER_{k}": v for k, v in values.items()}
 

@@ -16,6 +16,7 @@ __all__ = ["Settings", "default_state_dir"]
 
 MIB = 1 << 20
 MEMORY_BLOCK = 256 * MIB  # one tencent.com/vcuda-memory unit
+LIMIT_DELIVERIES = ("vcuda", "hami-core")
 
 
 def default_state_dir() -> str:
@@ -40,10 +41,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     request_timeout: float = 5.0    # internal service-to-service requests
     log_format: str = "auto"
     log_level: str = "info"
+    # issue 4: limit delivery (vcuda | hami-core), pid discovery, caller checks, driver volumes
+    limit_delivery: str = "vcuda"            # vcuda: gpu-manager's vcuda.config; hami-core: HAMi-core's env
+    cgroup_root: str = "/sys/fs/cgroup"      # where the host's cgroup hierarchies are mounted
+    proc_root: str = "/proc"                 # the host's /proc (the vmanager runs with hostPID)
+    hami_library: str = "/usr/local/vgpu/libvgpu.so"  # host path of HAMi-core's libvgpu.so
+    hami_mount_dir: str = "/usr/local/vgpu"  # HAMi's <hookPath>/vgpu inside the container
+    hami_lock_dir: str = "/tmp/vgpulock"     # host-wide lock directory HAMi-core expects, same in container
+    ld_cache: str = "/etc/ld.so.cache"       # where the driver volumes find the host's NVIDIA libraries
+    driver_bin_dirs: str = "/usr/bin:/usr/local/bin:/usr/local/nvidia/bin"  # NVIDIA binaries, ':'-separated
+    vcuda_control_library: str = ""          # libcuda-control.so; empty: found through ld.so.cache
+    driver_volumes: bool = True              # build <vdriver>/nvidia and origin at vmanager start
 
     def __post_init__(self) -> None:
         if not self.node_name:
             raise msgspec.ValidationError("node_name must not be empty")
+        if self.limit_delivery not in LIMIT_DELIVERIES:
+            raise msgspec.ValidationError(
+                f"limit_delivery must be one of {', '.join(LIMIT_DELIVERIES)}, not {self.limit_delivery!r}")
         if self.allocate_timeout <= 0 or self.request_timeout <= 0:
             raise msgspec.ValidationError("timeouts must be positive")
 
@@ -58,6 +73,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def vdriver_root(self) -> Path:
         return Path(self.vdriver_dir or Path(self.state_dir) / "vdriver")
+
+    @property
+    def vcuda_backend_socket(self) -> Path:
+        """The vmanager's private gRPC socket behind every pod's vcuda.sock (never mounted anywhere)."""
+        return Path(self.state_dir) / "run" / "vcuda-backend.sock"
+
+    @property
+    def hami_preload(self) -> Path:
+        """The ld.so.preload file the vmanager writes for hami-core mode (mounted at /etc/ld.so.preload)."""
+        return self.vdriver_root / "hami" / "ld.so.preload"
 
     def replace(self, **changes: object) -> Settings:
         return msgspec.structs.replace(self, **changes)

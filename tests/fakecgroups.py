@@ -5,6 +5,7 @@ A tree is directories with ``cgroup.procs`` files under a root that stands in fo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 
 HIERARCHIES = ("v1", "v2", "hybrid")
@@ -81,3 +82,22 @@ def proc_cgroup_text(rel: PurePosixPath, hierarchy: str, *, relative_prefix: str
 def write_proc(proc_root: Path, pid: int, text: str) -> None:
     (proc_root / str(pid)).mkdir(parents=True, exist_ok=True)
     (proc_root / str(pid) / "cgroup").write_text(text)
+
+
+def enter_container(root: Path, pod_uid: str, container_id: str, *, pid: int | None = None,
+                    others: tuple[int, ...] = (4242, 31), hierarchy: str = "v2", driver: str = "systemd",
+                    runtime: str = "containerd", qos: str = "Burstable") -> list[int]:
+    """Make ``pid`` (default: this test process) a process of that container, as the vmanager sees it
+    through ``<root>/proc`` and ``<root>/cgroup`` (Settings.proc_root / cgroup_root). The container's
+    cgroup also lists ``others``. Returns the container's pids, ascending."""
+    pid = os.getpid() if pid is None else pid
+    rel = container_path(pod_uid, container_id, driver=driver, runtime=runtime, qos=qos)
+    pids = [pid, *others]
+    add_container(root / "cgroup", hierarchy, rel, pids)
+    write_proc(root / "proc", pid, proc_cgroup_text(rel, hierarchy))
+    return sorted(pids)
+
+
+def leave_pods(root: Path, *, pid: int | None = None) -> None:
+    """Make ``pid`` a host process outside any pod."""
+    write_proc(root / "proc", os.getpid() if pid is None else pid, "0::/user.slice/user-1000.slice/session-2.scope\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from functools import partial
+from pathlib import Path
 
 from libs.bus import Bus
 from libs.commands import PrepareRequest
@@ -13,6 +13,7 @@ from libs.config import Settings
 from libs.ledger import LedgerState
 from libs.runtime import Supervisor
 from services.vmanager.containers import ContainerNames
+from services.vmanager.peergate import Callers
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
 from services.vmanager.register import Registrar, VcudaServicer
@@ -38,9 +39,12 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         stack.push_async_callback(bus.close)
         state = LedgerState()
         names = ContainerNames(bus, timeout=settings.request_timeout)
-        registrar = Registrar(state, names, lookup_patience=settings.request_timeout)
+        registrar = Registrar(state, names, lookup_patience=settings.request_timeout,
+                              cgroup_root=Path(settings.cgroup_root))
+        callers = Callers()
         sockets = PodSockets(
-            settings.vm_root, partial(VcudaServicer, registrar), state.holds
+            settings.vm_root, VcudaServicer(registrar, callers, settings.vm_root), state.holds,
+            backend=settings.vcuda_backend_socket, callers=callers, proc_root=Path(settings.proc_root),
         )
         stack.push_async_callback(sockets.close)  # after the follower stopped: nothing restarts them
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)
