@@ -13,6 +13,7 @@ from libs.config import Settings
 from libs.ledger import LedgerState
 from libs.runtime import Supervisor
 from services.vmanager.containers import ContainerNames
+from services.vmanager.hamidirs import CacheDirs, write_preload
 from services.vmanager.peergate import Callers
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
@@ -42,9 +43,13 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         registrar = Registrar(state, names, lookup_patience=settings.request_timeout,
                               cgroup_root=Path(settings.cgroup_root))
         callers = Callers()
+        hami = settings.limit_delivery == "hami-core"
+        if hami:
+            write_preload(settings.hami_preload, settings.hami_mount_dir)
         sockets = PodSockets(
             settings.vm_root, VcudaServicer(registrar, callers, settings.vm_root), state.holds,
             backend=settings.vcuda_backend_socket, callers=callers, proc_root=Path(settings.proc_root),
+            on_prepare=CacheDirs(state) if hami else None,
         )
         stack.push_async_callback(sockets.close)  # after the follower stopped: nothing restarts them
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)

@@ -65,6 +65,7 @@ class PodSockets:
         backend: Path,
         callers: Callers,
         proc_root: Path,
+        on_prepare: Callable[[str, Path], None] | None = None,
         grace: float = 1.0,
     ) -> None:
         self.vm_root = vm_root
@@ -73,6 +74,7 @@ class PodSockets:
         self.backend = backend
         self.callers = callers
         self.proc_root = proc_root
+        self.on_prepare = on_prepare  # more per-pod files (hami-core cache directories), every time
         self.grace = grace
         self.servers: dict[str, _Running] = {}
         self._backend_server: grpc.aio.Server | None = None
@@ -92,13 +94,16 @@ class PodSockets:
             if not self.holds_allocation(pod_uid):
                 raise PodGone(f"pod {pod_uid} holds no GPU allocation")
             running = self.servers.get(pod_uid)
-            if running is not None:
-                if running.identity is not None and file_identity(paths.socket) == running.identity:
-                    return paths
+            if running is not None and (running.identity is None
+                                        or file_identity(paths.socket) != running.identity):
                 _log.warning("vcuda.sock vanished; restarting its server",
                              pod_uid=pod_uid, socket=str(paths.socket))
                 await self._stop(pod_uid)
-            await self._start(pod_uid, paths)
+                running = None
+            if running is None:
+                await self._start(pod_uid, paths)
+            if self.on_prepare is not None:
+                self.on_prepare(pod_uid, paths.directory)
         return paths
 
     async def _ensure_backend(self) -> None:
