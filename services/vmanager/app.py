@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
 from services.vmanager.register import Registrar, VcudaServicer
 from services.vmanager.tracker import AllocationTracker
+from services.vmanager.volumes import build_from_settings
 
 __all__ = ["VmanagerService", "service"]
 
@@ -36,6 +38,8 @@ class VmanagerService:
 @asynccontextmanager
 async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
     async with AsyncExitStack() as stack:
+        if settings.driver_volumes:  # before any pod is served: containers mount them at start
+            await asyncio.to_thread(build_from_settings, settings)
         bus = await Bus.connect(settings.nats_url, name="vmanager", node=settings.node_name)
         stack.push_async_callback(bus.close)
         state = LedgerState()
