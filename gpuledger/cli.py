@@ -210,25 +210,6 @@ def replay(state_dir: str, at: str | None, seq: int | None, as_json: bool) -> No
 
 # --- tools -------------------------------------------------------------------------------------
 
-@main.command("vcuda-client")
-@click.option("--addr", required=True, help="The pod's vcuda.sock.")
-@click.option("--bus-id", default="", help="Ignored by the server (kept for gpu-client compatibility).")
-@click.option("--pod-uid", required=True)
-@click.option("--cont-id", default="", help="Register by container id (current library).")
-@click.option("--cont-name", default="", help="Register by container name (legacy library).")
-@click.option("--timeout", type=float, default=10.0, show_default=True)
-def vcuda_client(addr: str, bus_id: str, pod_uid: str, cont_id: str, cont_name: str, timeout: float) -> None:
-    """gpu-manager's gpu-client: call RegisterVDevice on a pod's vcuda.sock (with a timeout)."""
-    from libs.vcuda.client import VcudaClientError, register_vdevice
-
-    try:
-        asyncio.run(register_vdevice(addr, pod_uid=pod_uid, bus_id=bus_id, container_id=cont_id,
-                                     container_name=cont_name, timeout=timeout))
-    except (VcudaClientError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo("registered")
-
-
 @main.command("gen-protos")
 def gen_protos() -> None:
     """Regenerate the committed gRPC stubs from the .proto files (needs the dev extra)."""
@@ -236,6 +217,12 @@ def gen_protos() -> None:
 
     for path in generate():
         click.echo(path.relative_to(ROOT))
+
+
+from gpuledger.vcuda_cmd import gpu_client  # noqa: E402  (issue 4)
+
+main.add_command(gpu_client)
+main.add_command(gpu_client, name="vcuda-client")
 
 
 if __name__ == "__main__":

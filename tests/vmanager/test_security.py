@@ -6,8 +6,11 @@ the vmanager reads (Settings.proc_root), exactly as it would read the host's /pr
 
 from __future__ import annotations
 
+import array
+import asyncio
 import os
 import stat
+import sys
 import uuid
 from pathlib import Path
 
@@ -106,3 +109,31 @@ async def test_backend_is_private_and_checks_the_gate(
     code, details = await raw_register(backend, pod_uid=uid, container_name="main")
     assert code == grpc.StatusCode.PERMISSION_DENIED and "did not come through" in details
     assert len(vmanager.sockets.callers) == 0  # verdicts are dropped with their connections
+
+
+async def test_gpu_client_process_in_the_pod_is_accepted(
+    settings: Settings, workdir: Path, ledger: Ledger, vmanager: VmanagerService, client_bus: Bus,
+    watchdog: FakeWatchdog,
+) -> None:
+    """A separate process (its own pid, read by SO_PEERCRED) that is in the pod registers; this test
+    process, outside any pod, is refused on the same socket."""
+    uid, cid = new_pod_uid(), new_container_id()
+    watchdog.add(pod(uid, {"main": cid}))
+    sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
+    leave_pods(workdir)
+    script = (
+        "import os, sys\nfrom pathlib import Path\nfrom tests.fakecgroups import enter_container\n"
+        f"enter_container(Path({str(workdir)!r}), {uid!r}, {cid!r}, others=())\n"
+        "from gpuledger.cli import main\n"
+        f"main(['gpu-client', '--addr', {str(sock)!r}, '--bus-id', '', '--pod-uid', {uid!r}, "
+        f"'--cont-id', {cid!r}, '--timeout', '20'])\n"
+    )
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, cwd=Path(__file__).parents[2])
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert b"registered" in out
+    written = array.array("i", (settings.vm_root / uid / cid / "pids.config").read_bytes())
+    assert list(written) == [proc.pid]  # the client's own pid, not this test's
+    code, _ = await raw_register(sock, pod_uid=uid, container_id=cid)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
