@@ -78,6 +78,7 @@ async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: boo
             device_plugin_dir=str(demo_dir / "device-plugins"),
             pod_resources_socket=str(demo_dir / "pod-resources" / "kubelet.sock"),
             kubeconfig=str(demo_dir / "kubeconfig"),
+            proc_root=str(demo_dir / "proc"), cgroup_root=str(demo_dir / "cgroup"),  # simulated containers
         )
     launcher = Launcher(settings, embedded_nats=embedded, log_dir=demo_dir / "logs" if demo else None)
     code = 0
