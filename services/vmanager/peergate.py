@@ -58,6 +58,12 @@ class Callers:
     def get(self, peer: str) -> Caller | None:
         return self._by_peer.get(peer)
 
+    def add(self, peer: str, caller: Caller) -> None:
+        self._by_peer[peer] = caller
+
+    def drop(self, peer: str) -> None:
+        self._by_peer.pop(peer, None)
+
     def __len__(self) -> int:
         return len(self._by_peer)
 
@@ -142,12 +148,12 @@ class PeerGate:
             return
         name = backend.getsockname()
         peer = "unix-abstract:" + (name[1:].decode() if isinstance(name, bytes) else name.lstrip("\0"))
-        self.callers._by_peer[peer] = caller
+        self.callers.add(peer, caller)
         try:
             b_reader, b_writer = await asyncio.open_unix_connection(sock=backend)
             await asyncio.gather(_pipe(reader, b_writer), _pipe(b_reader, writer))
         finally:
-            self.callers._by_peer.pop(peer, None)
+            self.callers.drop(peer)
 
     async def close(self) -> None:
         if self._server is not None:

@@ -15,10 +15,13 @@ import uuid
 from pathlib import Path
 
 import grpc
+import pytest
 import structlog
 
 from libs.bus import Bus
+from libs.commands import PrepareReply, PrepareRequest
 from libs.config import Settings
+from libs.errors import RemoteError
 from services.vmanager.app import VmanagerService
 from tests.fakecgroups import enter_container, leave_pods, write_proc
 from tests.vmanager.builders import (
@@ -29,7 +32,7 @@ from tests.vmanager.builders import (
     raw_register,
     tree,
 )
-from tests.vmanager.conftest import FakeWatchdog, Ledger
+from tests.vmanager.conftest import FakeWatchdog, Ledger, running_vmanager
 from tests.vmanager.test_register import prepared
 
 
@@ -137,3 +140,19 @@ async def test_gpu_client_process_in_the_pod_is_accepted(
     assert list(written) == [proc.pid]  # the client's own pid, not this test's
     code, _ = await raw_register(sock, pod_uid=uid, container_id=cid)
     assert code == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_backend_socket_path_too_long_is_a_clear_error(
+    settings: Settings, workdir: Path, ledger: Ledger, client_bus: Bus
+) -> None:
+    """The private socket lives under the state directory: a too long one fails PreStartContainer clearly."""
+    long_state = settings.replace(state_dir=str(workdir / ("s" * 90)))
+    async with running_vmanager(long_state):
+        uid = new_pod_uid()
+        seq = await ledger.append(granted(uid, "main"))
+        with pytest.raises(RemoteError) as info:
+            await client_bus.request(client_bus.subjects.prepare, PrepareRequest(pod_uid=uid, alloc_seq=seq),
+                                     PrepareReply, timeout=5)
+        assert info.value.code == 500 and "too long" in info.value.message
+        assert "vcuda-backend.sock" in info.value.message
+        assert not (settings.vm_root / uid / "vcuda.sock").exists()
