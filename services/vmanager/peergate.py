@@ -127,6 +127,8 @@ class PeerGate:
         self._tasks.add(task)
         try:
             await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            pass  # close() ends open connections; asyncio would report the cancelled callback as an error
         finally:
             self._tasks.discard(task)
             with contextlib.suppress(OSError, RuntimeError):
