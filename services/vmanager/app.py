@@ -14,7 +14,7 @@ from libs.config import Settings
 from libs.ledger import LedgerState
 from libs.runtime import Supervisor
 from services.vmanager.containers import ContainerNames
-from services.vmanager.hamidirs import CacheDirs, write_preload
+from services.vmanager.hamidirs import CacheDirs, prepare_node
 from services.vmanager.peergate import Callers
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
@@ -49,7 +49,8 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         callers = Callers()
         hami = settings.limit_delivery == "hami-core"
         if hami:
-            write_preload(settings.hami_preload, settings.hami_mount_dir)
+            prepare_node(settings.hami_preload, settings.hami_mount_dir, Path(settings.hami_lock_dir),
+                         Path(settings.hami_library))
         sockets = PodSockets(
             settings.vm_root, VcudaServicer(registrar, callers, settings.vm_root), state.holds,
             backend=settings.vcuda_backend_socket, callers=callers, proc_root=Path(settings.proc_root),

@@ -16,10 +16,13 @@ from pathlib import Path
 
 from libs.hami import CACHE_SUBDIR, preload_text
 from libs.ledger.state import LedgerState
+from libs.log import get_logger
 from services.vmanager.configfiles import write_atomic
 from services.vmanager.names import is_container_name
 
-__all__ = ["CacheDirs", "make_cache_dirs", "write_preload"]
+__all__ = ["CacheDirs", "make_cache_dirs", "prepare_node", "write_preload"]
+
+_log = get_logger("vmanager")
 
 
 def _mkdir(path: Path, mode: int) -> None:
@@ -46,6 +49,17 @@ def make_cache_dirs(pod_dir: Path, containers: Iterable[str]) -> list[Path]:
 def write_preload(path: Path, mount_dir: str) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(path, preload_text(mount_dir), mode=0o644)
+
+
+def prepare_node(preload: Path, mount_dir: str, lock_dir: Path, library: Path) -> None:
+    """What every hami-core container mounts from the host, made once at start: the preload file and
+    the shared lock directory (sticky and world-writable like /tmp: HAMi-core locks there as any uid)."""
+    write_preload(preload, mount_dir)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(lock_dir, 0o1777)
+    if not library.is_file():
+        _log.error("HAMi-core's library is missing: containers mounting it will fail to start",
+                   hami_library=str(library))
 
 
 class CacheDirs:

@@ -28,8 +28,11 @@ async def _gone(path: Path, timeout: float = 15) -> None:
 
 @pytest.fixture
 async def hami_node(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
-    settings = settings_for(short_dir, nats_server.url, limit_delivery="hami-core",
-                            hami_library=str(short_dir / "hami" / "libvgpu.so"))
+    library = short_dir / "hami" / "libvgpu.so"
+    library.parent.mkdir()
+    library.write_bytes(b"\x7fELF")
+    settings = settings_for(short_dir, nats_server.url, limit_delivery="hami-core", hami_library=str(library),
+                            hami_lock_dir=str(short_dir / "vgpulock"))
     async with AsyncExitStack() as stack:
         node = await _base(stack, short_dir, nats_server.url, settings)
         node.services = {
@@ -59,13 +62,14 @@ async def test_hami_core_mode_end_to_end(hami_node: Node) -> None:
         "/usr/local/nvidia": (str(s.vdriver_root / "origin"), True),
         "/usr/local/vgpu": (str(cache_host), False),
         "/usr/local/vgpu/libvgpu.so": (s.hami_library, True),
-        "/tmp/vgpulock": ("/tmp/vgpulock", False),
+        s.hami_lock_dir: (s.hami_lock_dir, False),
         "/etc/ld.so.preload": (str(s.hami_preload), True),
     }
     # Made by the vmanager before the container started; the preload file names the library.
     assert cache_host.is_dir() and stat.S_IMODE(os.stat(cache_host).st_mode) == 0o777
     assert s.hami_preload.read_text() == "/usr/local/vgpu/libvgpu.so\n"
     assert stat.S_IMODE(os.stat(s.hami_preload).st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(s.hami_lock_dir).st_mode) == 0o1777
     # Whole GPUs: no limits, as in vcuda mode.
     evaluator = node.sim.container_run_options("default", "train", "evaluator")
     assert not any(k.startswith("CUDA_DEVICE_") for k in evaluator["envs"])
