@@ -16,7 +16,7 @@ from libs.commands import PodsReply, PodsRequest
 from libs.errors import BusError, RemoteError
 from libs.kube.pods import Pod
 
-__all__ = ["ContainerNames", "ContainerRef", "ContainerUnknown", "WatchdogUnavailable", "find_container_name"]
+__all__ = ["ContainerNames", "ContainerRef", "ContainerUnknown", "WatchdogUnavailable", "find_container"]
 
 
 class ContainerUnknown(LookupError):
@@ -31,11 +31,6 @@ class WatchdogUnavailable(Exception):
 class ContainerRef:
     name: str
     qos_class: str  # the pod's status.qosClass ("" when not reported): where its cgroup lives
-
-
-def find_container_name(pods: list[Pod], pod_uid: str, container_id: str) -> str | None:
-    ref = find_container(pods, pod_uid, container_id)
-    return ref.name if ref else None
 
 
 def find_container(pods: list[Pod], pod_uid: str, container_id: str) -> ContainerRef | None:

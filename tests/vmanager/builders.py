@@ -176,7 +176,9 @@ def tree(root: Path) -> dict[str, tuple[str, int]]:
 
 async def raw_register(socket: Path | str, **fields: str) -> tuple[grpc.StatusCode, str]:
     """RegisterVDevice with any fields (the client refuses some combinations before sending)."""
-    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+    # A connection of its own: the vmanager judges the caller once per connection.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(f"unix://{socket}", options=options) as channel:
         try:
             await pb_grpc.VCUDAServiceStub(channel).RegisterVDevice(pb.VDeviceRequest(**fields), timeout=5)
         except grpc.aio.AioRpcError as exc:

@@ -23,6 +23,7 @@ from libs.commands import PrepareReply, PrepareRequest
 from libs.config import Settings
 from libs.errors import RemoteError
 from services.vmanager.app import VmanagerService
+from services.vmanager.peergate import check_caller
 from tests.fakecgroups import enter_container, leave_pods, write_proc
 from tests.vmanager.builders import (
     granted,
@@ -156,3 +157,14 @@ async def test_backend_socket_path_too_long_is_a_clear_error(
         assert info.value.code == 500 and "too long" in info.value.message
         assert "vcuda-backend.sock" in info.value.message
         assert not (settings.vm_root / uid / "vcuda.sock").exists()
+
+
+def test_check_caller_verdicts(workdir: Path) -> None:
+    uid, cid = new_pod_uid(), new_container_id()
+    proc = workdir / "proc"
+    assert "pid namespace" in (check_caller(proc, uid, 0, 0).refusal or "")
+    enter_container(workdir, uid, cid, pid=4321)
+    ok = check_caller(proc, uid, 4321, 1000)
+    assert ok.refusal is None and ok.owner is not None and ok.owner.container_id == cid and ok.uid == 1000
+    other = check_caller(proc, new_pod_uid(), 4321, 0)
+    assert other.refusal is not None and f"pod {uid}" in other.refusal
