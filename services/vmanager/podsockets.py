@@ -78,6 +78,7 @@ class PodSockets:
         self.grace = grace
         self.servers: dict[str, _Running] = {}
         self._backend_server: grpc.aio.Server | None = None
+        self._backend_identity: tuple[int, int] | None = None
         self._lock = asyncio.Lock()
 
     def paths(self, pod_uid: str) -> PodPaths:
@@ -102,6 +103,8 @@ class PodSockets:
                 running = None
             if running is None:
                 await self._start(pod_uid, paths)
+            else:
+                await self._ensure_backend()
             if self.on_prepare is not None:
                 self.on_prepare(pod_uid, paths.directory)
         return paths
@@ -109,7 +112,11 @@ class PodSockets:
     async def _ensure_backend(self) -> None:
         """The private gRPC server every gate hands its checked connections to."""
         if self._backend_server is not None:
-            return
+            if file_identity(self.backend) == self._backend_identity:
+                return
+            _log.warning("the private vcuda backend socket vanished; restarting it", socket=str(self.backend))
+            await self._backend_server.stop(None)
+            self._backend_server = None
         check_socket_path(self.backend)
         self.backend.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(self.backend.parent, 0o700)  # only the vmanager (and root) may connect: no gate bypass
@@ -128,6 +135,7 @@ class PodSockets:
             await server.stop(None)
             raise
         self._backend_server = server
+        self._backend_identity = file_identity(self.backend)
 
     async def _start(self, pod_uid: str, paths: PodPaths) -> None:
         if paths.directory.is_symlink():

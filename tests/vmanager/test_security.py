@@ -168,3 +168,15 @@ def test_check_caller_verdicts(workdir: Path) -> None:
     assert ok.refusal is None and ok.owner is not None and ok.owner.container_id == cid and ok.uid == 1000
     other = check_caller(proc, new_pod_uid(), 4321, 0)
     assert other.refusal is not None and f"pod {uid}" in other.refusal
+
+
+async def test_a_deleted_backend_socket_comes_back_at_the_next_prepare(
+    settings: Settings, workdir: Path, ledger: Ledger, vmanager: VmanagerService, client_bus: Bus
+) -> None:
+    uid = new_pod_uid()
+    sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
+    settings.vcuda_backend_socket.unlink()  # an over-eager cleanup of the state directory
+    sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))  # PreStartContainer again
+    enter_container(workdir, uid, new_container_id())
+    code, details = await raw_register(sock, pod_uid=uid, container_name="main")
+    assert code == grpc.StatusCode.OK, details
