@@ -78,6 +78,7 @@ async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: boo
             device_plugin_dir=str(demo_dir / "device-plugins"),
             pod_resources_socket=str(demo_dir / "pod-resources" / "kubelet.sock"),
             kubeconfig=str(demo_dir / "kubeconfig"),
+            proc_root=str(demo_dir / "proc"), cgroup_root=str(demo_dir / "cgroup"),  # simulated containers
         )
     launcher = Launcher(settings, embedded_nats=embedded, log_dir=demo_dir / "logs" if demo else None)
     code = 0
@@ -221,25 +222,6 @@ def replay(state_dir: str, at: str | None, seq: int | None, as_json: bool) -> No
 
 # --- tools -------------------------------------------------------------------------------------
 
-@main.command("vcuda-client")
-@click.option("--addr", required=True, help="The pod's vcuda.sock.")
-@click.option("--bus-id", default="", help="Ignored by the server (kept for gpu-client compatibility).")
-@click.option("--pod-uid", required=True)
-@click.option("--cont-id", default="", help="Register by container id (current library).")
-@click.option("--cont-name", default="", help="Register by container name (legacy library).")
-@click.option("--timeout", type=float, default=10.0, show_default=True)
-def vcuda_client(addr: str, bus_id: str, pod_uid: str, cont_id: str, cont_name: str, timeout: float) -> None:
-    """gpu-manager's gpu-client: call RegisterVDevice on a pod's vcuda.sock (with a timeout)."""
-    from libs.vcuda.client import VcudaClientError, register_vdevice
-
-    try:
-        asyncio.run(register_vdevice(addr, pod_uid=pod_uid, bus_id=bus_id, container_id=cont_id,
-                                     container_name=cont_name, timeout=timeout))
-    except (VcudaClientError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo("registered")
-
-
 @main.command("gen-protos")
 def gen_protos() -> None:
     """Regenerate the committed gRPC stubs from the .proto files (needs the dev extra)."""
@@ -253,9 +235,11 @@ def gen_protos() -> None:
 _COMMANDS = (
     ("status_cmd", "status"), ("gpu_cmd", "gpu"), ("simulate_cmd", "simulate"), ("health_cmd", "health"),
     ("audit_cmd", "history"), ("audit_cmd", "audit"), ("audit_cmd", "import_checkpoint"),
+    ("vcuda_cmd", "gpu_client"),
 )
 for _module, _name in _COMMANDS:
     main.add_command(getattr(importlib.import_module(f"gpuledger.{_module}"), _name))
+main.add_command(importlib.import_module("gpuledger.vcuda_cmd").gpu_client, name="vcuda-client")  # the old name
 
 
 if __name__ == "__main__":

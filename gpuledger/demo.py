@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod as KubePod
 
 from libs.bus.client import Bus
+from libs.cgroups import container_cgroup_paths
 from libs.commands import StateReply, StateRequest
 from libs.config import MIB, Settings
 from libs.events.codec import EventRecord
@@ -123,6 +125,19 @@ async def _show_gpus(bus: Bus, timeout: float) -> None:
             f"{g.memory_total // MIB} MiB")
 
 
+def _as_container_process(settings: Settings, pod_uid: str, container_id: str) -> None:
+    """The simulator runs no containers: make this process one of the trainer's, as the vmanager sees
+    it (its caller check reads <proc_root>/<pid>/cgroup; pids.config comes from <cgroup_root>)."""
+    rel = container_cgroup_paths(pod_uid, container_id, "Burstable")[2]  # systemd + containerd scope
+    cgroup = Path(settings.cgroup_root)
+    (cgroup / rel).mkdir(parents=True, exist_ok=True)
+    (cgroup / "cgroup.controllers").write_text("memory pids\n")
+    (cgroup / rel / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    proc = Path(settings.proc_root) / str(os.getpid())
+    proc.mkdir(parents=True, exist_ok=True)
+    (proc / "cgroup").write_text(f"0::/{rel}\n")
+
+
 async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
     subjects = Subjects(settings.node_name)
     printer = EventPrinter()
@@ -160,6 +175,7 @@ async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
         say("\n3. The trainer's CUDA library registers through the pod's vcuda.sock", bold=True)
         cid = next(s.containerID for s in pod.status.containerStatuses if s.name == "trainer").split("://")[-1]
         pod_dir = settings.vm_root / uid
+        _as_container_process(settings, uid, cid)
         await register_vdevice(str(pod_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=10)
         cfg = decode_vcuda_config((pod_dir / cid / "vcuda.config").read_bytes())
         say(f"    wrote {pod_dir / cid / 'vcuda.config'} (8240 bytes):")

@@ -18,6 +18,7 @@ __all__ = ["Settings", "default_state_dir", "parse_node_labels"]
 
 MIB = 1 << 20
 MEMORY_BLOCK = 256 * MIB  # one tencent.com/vcuda-memory unit
+LIMIT_DELIVERIES = ("vcuda", "hami-core")
 
 
 def default_state_dir() -> str:
@@ -54,10 +55,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     health_recovery_seconds: float = 60.0  # an unhealthy GPU needs this long without a critical event...
     health_recovery_checks: int = 3        # ...and this many clean NVML probes in a row to be healthy again
     health_check_interval: float = 10.0    # seconds between probes of unhealthy GPUs
+    # issue 4: limit delivery (vcuda | hami-core), pid discovery, caller checks, driver volumes
+    limit_delivery: str = "vcuda"            # vcuda: gpu-manager's vcuda.config; hami-core: HAMi-core's env
+    cgroup_root: str = "/sys/fs/cgroup"      # where the host's cgroup hierarchies are mounted
+    proc_root: str = "/proc"                 # the host's /proc (the vmanager runs with hostPID)
+    hami_library: str = "/usr/local/vgpu/libvgpu.so"  # host path of HAMi-core's libvgpu.so
+    hami_mount_dir: str = "/usr/local/vgpu"  # HAMi's <hookPath>/vgpu inside the container
+    hami_lock_dir: str = "/tmp/vgpulock"     # host-wide lock directory HAMi-core expects, same in container
+    ld_cache: str = "/etc/ld.so.cache"       # where the driver volumes find the host's NVIDIA libraries
+    driver_bin_dirs: str = "/usr/bin:/usr/local/bin:/usr/local/nvidia/bin"  # NVIDIA binaries, ':'-separated
+    vcuda_control_library: str = ""          # libcuda-control.so; empty: found through ld.so.cache
+    driver_volumes: bool = True              # build <vdriver>/nvidia and origin at vmanager start
 
     def __post_init__(self) -> None:
         if not self.node_name:
             raise msgspec.ValidationError("node_name must not be empty")
+        if self.limit_delivery not in LIMIT_DELIVERIES:
+            raise msgspec.ValidationError(
+                f"limit_delivery must be one of {', '.join(LIMIT_DELIVERIES)}, not {self.limit_delivery!r}")
         if self.allocate_timeout <= 0 or self.request_timeout <= 0:
             raise msgspec.ValidationError("timeouts must be positive")
         if self.allocation_check_period <= 0:
@@ -94,6 +109,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def node_label_map(self) -> dict[str, str]:
         return parse_node_labels(self.node_labels)
+
+    @property
+    def vcuda_backend_socket(self) -> Path:
+        """The vmanager's private gRPC socket behind every pod's vcuda.sock (never mounted anywhere)."""
+        return Path(self.state_dir) / "run" / "vcuda-backend.sock"
+
+    @property
+    def hami_preload(self) -> Path:
+        """The ld.so.preload file the vmanager writes for hami-core mode (mounted at /etc/ld.so.preload)."""
+        return self.vdriver_root / "hami" / "ld.so.preload"
 
     def replace(self, **changes: object) -> Settings:
         return msgspec.structs.replace(self, **changes)

@@ -23,6 +23,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
+    # A connection of its own, never one shared with other channels of this process: the vmanager
+    # judges the caller once per connection (SO_PEERCRED at connect time).
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 

@@ -37,6 +37,7 @@ from libs.kube.pods import ANNOTATION_CORE_LIMIT, RESOURCE_VCORE, Pod
 from libs.ledger.state import Allocation, LedgerState
 from libs.log import get_logger
 from libs.store.log import EventLog
+from services.allocator.hami import HamiDelivery
 from services.allocator.matching import Candidate, find_candidate
 from services.allocator.placement import place
 from services.allocator.responses import build_response
@@ -118,6 +119,7 @@ class Allocator:
             shares=shares, cores=cores, memory=memory, pod_uid=pod.uid,
             vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
             compat32=(container.env_value("compat32") or "").lower() == "true",
+            hami=HamiDelivery.from_settings(self.settings), container=container.name,
         )
         if time.time() > deadline:
             raise ServiceError(504, "the kubelet's deadline passed before the grant could be recorded")

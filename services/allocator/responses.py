@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from libs.events.schema import ContainerResponse, DeviceNode, GpuShare, MountSpec
+from services.allocator.hami import HamiDelivery, hami_response
 
 __all__ = ["VCUDA_MOUNTPOINT", "build_response"]
 
@@ -29,6 +30,8 @@ def build_response(
     vdriver_root: Path,
     compat32: bool = False,
     extra_devices: Sequence[str] = (),
+    hami: HamiDelivery | None = None,  # issue 4: limit_delivery=hami-core
+    container: str = "",
 ) -> ContainerResponse:
     device_paths = [f"/dev/nvidia{s.minor}" for s in shares]
     devices = tuple(
@@ -36,7 +39,7 @@ def build_response(
         for p in (*device_paths, *CONTROL_DEVICES, *extra_devices)
     )
     driver_volume = vdriver_root / ("nvidia" if cores < 100 else "origin")
-    return ContainerResponse(
+    response = ContainerResponse(
         envs={
             "LD_LIBRARY_PATH": "/usr/local/nvidia/lib" if compat32 else "/usr/local/nvidia/lib64",
             "NVIDIA_VISIBLE_DEVICES": ",".join(s.uuid for s in shares),
@@ -52,3 +55,6 @@ def build_response(
             "tencent.com/vcuda-device": ",".join(device_paths),
         },
     )
+    if hami is not None:
+        return hami_response(response, hami, shares=shares, cores=cores, pod_uid=pod_uid, container=container)
+    return response

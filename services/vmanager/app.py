@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from functools import partial
+from pathlib import Path
 
 from libs.bus import Bus
 from libs.commands import PrepareRequest
@@ -13,11 +14,14 @@ from libs.config import Settings
 from libs.ledger import LedgerState
 from libs.runtime import Supervisor
 from services.vmanager.containers import ContainerNames
+from services.vmanager.hamidirs import CacheDirs, prepare_node
 from services.vmanager.metrics import observe
+from services.vmanager.peergate import Callers
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
 from services.vmanager.register import Registrar, VcudaServicer
 from services.vmanager.tracker import AllocationTracker
+from services.vmanager.volumes import build_from_settings
 
 __all__ = ["VmanagerService", "service"]
 
@@ -35,13 +39,23 @@ class VmanagerService:
 @asynccontextmanager
 async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
     async with AsyncExitStack() as stack:
+        if settings.driver_volumes:  # before any pod is served: containers mount them at start
+            await asyncio.to_thread(build_from_settings, settings)
         bus = await Bus.connect(settings.nats_url, name="vmanager", node=settings.node_name)
         stack.push_async_callback(bus.close)
         state = LedgerState()
         names = ContainerNames(bus, timeout=settings.request_timeout)
-        registrar = Registrar(state, names, lookup_patience=settings.request_timeout)
+        registrar = Registrar(state, names, lookup_patience=settings.request_timeout,
+                              cgroup_root=Path(settings.cgroup_root))
+        callers = Callers()
+        hami = settings.limit_delivery == "hami-core"
+        if hami:
+            prepare_node(settings.hami_preload, settings.hami_mount_dir, Path(settings.hami_lock_dir),
+                         Path(settings.hami_library))
         sockets = PodSockets(
-            settings.vm_root, partial(VcudaServicer, registrar), state.holds
+            settings.vm_root, VcudaServicer(registrar, callers, settings.vm_root), state.holds,
+            backend=settings.vcuda_backend_socket, callers=callers, proc_root=Path(settings.proc_root),
+            on_prepare=CacheDirs(state) if hami else None,
         )
         stack.push_async_callback(sockets.close)  # after the follower stopped: nothing restarts them
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)

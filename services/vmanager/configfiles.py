@@ -12,9 +12,11 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["CONFIG_NAME", "container_dir", "write_atomic", "write_container_config"]
+__all__ = ["CONFIG_NAME", "PIDS_NAME", "container_dir", "write_atomic", "write_container_config",
+           "write_container_files"]
 
 CONFIG_NAME = "vcuda.config"
+PIDS_NAME = "pids.config"
 
 
 def container_dir(pod_dir: Path, entry: str) -> Path:
@@ -29,11 +31,18 @@ def container_dir(pod_dir: Path, entry: str) -> Path:
 
 
 def write_container_config(pod_dir: Path, entry: str, data: bytes) -> bool:
-    """Write ``<pod_dir>/<entry>/vcuda.config``; False when it already held exactly ``data``.
+    """Write ``<pod_dir>/<entry>/vcuda.config``; False when it already held exactly ``data``."""
+    return write_container_files(pod_dir, entry, {CONFIG_NAME: data})[CONFIG_NAME]
+
+
+def write_container_files(pod_dir: Path, entry: str, files: dict[str, bytes]) -> dict[str, bool]:
+    """Write each ``<pod_dir>/<entry>/<name>`` in order; per name, whether it changed.
 
     The pod directory must exist (it is created with the pod's socket): a container directory is
     never created for a pod that is not being served.
     """
+    if any(name not in (CONFIG_NAME, PIDS_NAME) for name in files):
+        raise ValueError(f"unexpected container file names {sorted(files)}")
     target = container_dir(pod_dir, entry)
     try:
         os.mkdir(target, 0o755)
@@ -44,7 +53,7 @@ def write_container_config(pod_dir: Path, entry: str, data: bytes) -> bool:
     if not stat.S_ISDIR(info.st_mode):  # a symlink or a file where the directory should be
         raise ValueError(f"{target} exists and is not a directory")
     container_dir(pod_dir, entry)  # still inside, now that it exists
-    return write_atomic(target / CONFIG_NAME, data)
+    return {name: write_atomic(target / name, data) for name, data in files.items()}
 
 
 def _current(path: Path) -> bytes | None:

@@ -9,13 +9,14 @@ process initialises CUDA, so a miss is retried (listing fresh from the API serve
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from libs.bus.client import Bus
 from libs.commands import PodsReply, PodsRequest
 from libs.errors import BusError, RemoteError
 from libs.kube.pods import Pod
 
-__all__ = ["ContainerNames", "ContainerUnknown", "WatchdogUnavailable", "find_container_name"]
+__all__ = ["ContainerNames", "ContainerRef", "ContainerUnknown", "WatchdogUnavailable", "find_container"]
 
 
 class ContainerUnknown(LookupError):
@@ -26,13 +27,19 @@ class WatchdogUnavailable(Exception):
     pass
 
 
-def find_container_name(pods: list[Pod], pod_uid: str, container_id: str) -> str | None:
+@dataclass(frozen=True)
+class ContainerRef:
+    name: str
+    qos_class: str  # the pod's status.qosClass ("" when not reported): where its cgroup lives
+
+
+def find_container(pods: list[Pod], pod_uid: str, container_id: str) -> ContainerRef | None:
     for pod in pods:
         if pod.uid != pod_uid:
             continue
         for status in pod.all_statuses():
             if status.container_id and status.runtime_id == container_id:
-                return status.name
+                return ContainerRef(name=status.name, qos_class=pod.status.qos_class)
     return None
 
 
@@ -41,8 +48,8 @@ class ContainerNames:
         self.bus = bus
         self.timeout = timeout
 
-    async def lookup(self, pod_uid: str, container_id: str, *, patience: float) -> str:
-        """The container's name; retried for up to ``patience`` seconds while the status lacks it."""
+    async def lookup(self, pod_uid: str, container_id: str, *, patience: float) -> ContainerRef:
+        """The container's name and pod QoS class; retried for up to ``patience`` seconds while the status lacks it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(patience, 0.0)
         delay, fresh = 0.1, False
@@ -61,9 +68,9 @@ class ContainerNames:
                 pods = []
             except BusError as exc:
                 raise WatchdogUnavailable(f"the watchdog did not answer for pod {pod_uid}: {exc}") from exc
-            name = find_container_name(pods, pod_uid, container_id)
-            if name is not None:
-                return name
+            ref = find_container(pods, pod_uid, container_id)
+            if ref is not None:
+                return ref
             if loop.time() + delay >= deadline:
                 raise ContainerUnknown(f"container id {container_id} is not a container of pod {pod_uid}")
             await asyncio.sleep(delay)

@@ -1,4 +1,7 @@
-"""One gRPC vcuda.sock server per pod, at ``<vm_root>/<pod_uid>/vcuda.sock``; started once, stopped once.
+"""One vcuda.sock per pod, at ``<vm_root>/<pod_uid>/vcuda.sock``; started once, stopped once.
+
+Each pod's socket is a PeerGate (peergate.py: SO_PEERCRED + cgroup check) in front of one private
+gRPC server shared by all pods, listening on ``backend`` in a 0700 directory.
 
 gpu-manager starts a new server on every PreStartContainer and leaves the previous one running on an
 unlinked socket (gpu-manager-reference.md 5.2). Here ``ensure`` is idempotent: a pod has at most one
@@ -26,6 +29,7 @@ from libs.unixsock import check_socket_path, file_identity
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from services.vmanager.cleanup import remove_pod_dir
 from services.vmanager.names import is_pod_uid
+from services.vmanager.peergate import Callers, PeerGate
 
 __all__ = ["SOCKET_NAME", "PodGone", "PodPaths", "PodSockets"]
 
@@ -33,7 +37,6 @@ SOCKET_NAME = "vcuda.sock"
 
 _log = get_logger("vmanager")
 
-ServicerFactory = Callable[[str, Path], pb_grpc.VCUDAServiceServicer]
 
 
 class PodGone(LookupError):
@@ -48,7 +51,7 @@ class PodPaths:
 
 @dataclass
 class _Running:
-    server: grpc.aio.Server
+    server: PeerGate
     identity: tuple[int, int] | None  # of the socket file we listen on
 
 
@@ -56,16 +59,26 @@ class PodSockets:
     def __init__(
         self,
         vm_root: Path,
-        servicer_for: ServicerFactory,
+        servicer: pb_grpc.VCUDAServiceServicer,
         holds_allocation: Callable[[str], bool],
         *,
+        backend: Path,
+        callers: Callers,
+        proc_root: Path,
+        on_prepare: Callable[[str, Path], None] | None = None,
         grace: float = 1.0,
     ) -> None:
         self.vm_root = vm_root
-        self.servicer_for = servicer_for
+        self.servicer = servicer
         self.holds_allocation = holds_allocation
+        self.backend = backend
+        self.callers = callers
+        self.proc_root = proc_root
+        self.on_prepare = on_prepare  # more per-pod files (hami-core cache directories), every time
         self.grace = grace
         self.servers: dict[str, _Running] = {}
+        self._backend_server: grpc.aio.Server | None = None
+        self._backend_identity: tuple[int, int] | None = None
         self._lock = asyncio.Lock()
 
     def paths(self, pod_uid: str) -> PodPaths:
@@ -82,41 +95,69 @@ class PodSockets:
             if not self.holds_allocation(pod_uid):
                 raise PodGone(f"pod {pod_uid} holds no GPU allocation")
             running = self.servers.get(pod_uid)
-            if running is not None:
-                if running.identity is not None and file_identity(paths.socket) == running.identity:
-                    return paths
+            if running is not None and (running.identity is None
+                                        or file_identity(paths.socket) != running.identity):
                 _log.warning("vcuda.sock vanished; restarting its server",
                              pod_uid=pod_uid, socket=str(paths.socket))
                 await self._stop(pod_uid)
-            await self._start(pod_uid, paths)
+                running = None
+            if running is None:
+                await self._start(pod_uid, paths)
+            else:
+                await self._ensure_backend()
+            if self.on_prepare is not None:
+                self.on_prepare(pod_uid, paths.directory)
         return paths
+
+    async def _ensure_backend(self) -> None:
+        """The private gRPC server every gate hands its checked connections to."""
+        if self._backend_server is not None:
+            if file_identity(self.backend) == self._backend_identity:
+                return
+            _log.warning("the private vcuda backend socket vanished; restarting it", socket=str(self.backend))
+            await self._backend_server.stop(None)
+            self._backend_server = None
+        check_socket_path(self.backend)
+        self.backend.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.backend.parent, 0o700)  # only the vmanager (and root) may connect: no gate bypass
+        with contextlib.suppress(FileNotFoundError):
+            self.backend.unlink()
+        server = grpc.aio.server(
+            maximum_concurrent_rpcs=64,  # callers are pods' own processes; bound what they can queue
+            options=[("grpc.max_receive_message_length", 64 * 1024)],
+        )
+        pb_grpc.add_VCUDAServiceServicer_to_server(self.servicer, server)
+        try:
+            server.add_insecure_port(f"unix://{self.backend}")
+            await server.start()
+            os.chmod(self.backend, 0o600)
+        except BaseException:
+            await server.stop(None)
+            raise
+        self._backend_server = server
+        self._backend_identity = file_identity(self.backend)
 
     async def _start(self, pod_uid: str, paths: PodPaths) -> None:
         if paths.directory.is_symlink():
             raise ValueError(f"{paths.directory} is a symlink; refusing to serve a pod through it")
+        await self._ensure_backend()
         paths.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chmod(paths.directory, 0o755)
         with contextlib.suppress(FileNotFoundError):
             paths.socket.unlink()  # left by a previous run: nobody listens on it
-        server = grpc.aio.server(
-            maximum_concurrent_rpcs=32,  # callers are the pod's own processes; bound what they can queue
-            options=[("grpc.max_receive_message_length", 64 * 1024)],
-        )
-        pb_grpc.add_VCUDAServiceServicer_to_server(self.servicer_for(pod_uid, paths.directory), server)
+        gate = PeerGate(pod_uid, paths.socket, self.backend, self.callers, self.proc_root)
         try:
-            server.add_insecure_port(f"unix://{paths.socket}")
-            await server.start()
-            os.chmod(paths.socket, 0o777)  # the containers' processes run as any user
+            await gate.start()
         except BaseException:
-            await server.stop(None)
+            await gate.close()
             raise
-        self.servers[pod_uid] = _Running(server=server, identity=file_identity(paths.socket))
+        self.servers[pod_uid] = _Running(server=gate, identity=file_identity(paths.socket))
         _log.info("serving vcuda.sock", pod_uid=pod_uid, socket=str(paths.socket))
 
     async def _stop(self, pod_uid: str) -> None:
         running = self.servers.pop(pod_uid, None)
         if running is not None:
-            await running.server.stop(self.grace)
+            await running.server.close()
 
     async def teardown(self, pod_uid: str) -> None:
         """Stop the pod's server and delete its directory (the pod holds nothing any more)."""
@@ -134,4 +175,7 @@ class PodSockets:
         """Stop every server; directories stay (the pods' containers still mount them)."""
         async with self._lock:
             servers, self.servers = self.servers, {}
-            await asyncio.gather(*(r.server.stop(self.grace) for r in servers.values()))
+            await asyncio.gather(*(r.server.close() for r in servers.values()))
+            if self._backend_server is not None:
+                await self._backend_server.stop(self.grace)
+                self._backend_server = None

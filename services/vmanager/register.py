@@ -1,32 +1,36 @@
-"""RegisterVDevice: a container's process asks for its limits, the vmanager writes its vcuda.config.
+"""RegisterVDevice: a container's process asks for its limits, the vmanager writes its two files.
 
-The only vmanager module that speaks the vcuda proto. Each pod's server gets its own servicer bound
-to that pod, so a request can only ever write under that pod's directory:
+The only vmanager module that speaks the vcuda proto. Every call arrives through a pod's PeerGate
+(peergate.py), which already checked that the calling process is in that pod's cgroup; the request
+can only ever write under that pod's directory:
 
 - ``pod_uid`` must be the socket's pod;
 - exactly one of ``container_id`` (current library) or ``container_name`` (legacy), each checked
-  against the form runtimes / Kubernetes produce;
+  against the form runtimes / Kubernetes produce; an id must be the caller's own container when
+  its cgroup names one;
 - the container (by name, or by id via the watchdog's pod status) must hold an allocation in the
-  folded log; its limits become ``<pod dir>/<id or name>/vcuda.config``.
-
-pids.config (section 5.5) is not written here: pid discovery from cgroups is a separate piece.
+  folded log; its limits become ``<pod dir>/<id or name>/vcuda.config``;
+- ``<pod dir>/<id or name>/pids.config``: the container's host pids from its cgroup (libs/cgroups.py),
+  rewritten on every registration (each new CUDA process registers), written before vcuda.config.
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import grpc
 
+from libs.cgroups import encode_pids, find_container_cgroup, read_pids
 from libs.ledger.state import Allocation, LedgerState
 from libs.log import get_logger
 from libs.vcuda import api_pb2 as pb
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from libs.vcuda.config import config_for, encode
-from services.vmanager.configfiles import write_container_config
-from services.vmanager.containers import ContainerNames, ContainerUnknown, WatchdogUnavailable
+from services.vmanager.configfiles import CONFIG_NAME, PIDS_NAME, write_container_files
+from services.vmanager.containers import ContainerNames, ContainerRef, ContainerUnknown, WatchdogUnavailable
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
+from services.vmanager.peergate import Caller, Callers
 
 __all__ = ["RegisterError", "Registrar", "VcudaServicer"]
 
@@ -48,19 +52,24 @@ def _invalid(message: str) -> RegisterError:
 
 
 class Registrar:
-    def __init__(self, state: LedgerState, names: ContainerNames, *, lookup_patience: float) -> None:
+    def __init__(
+        self, state: LedgerState, names: ContainerNames, *, lookup_patience: float, cgroup_root: Path
+    ) -> None:
         self.state = state
         self.names = names
         self.lookup_patience = lookup_patience
+        self.cgroup_root = cgroup_root
 
     def allocation_of(self, pod_uid: str, container: str) -> Allocation | None:
         held = [a for a in self.state.pod_allocations(pod_uid) if a.container == container]
         return held[-1] if held else None  # the newest grant wins
 
     async def register(
-        self, pod_uid: str, pod_dir: Path, req: pb.VDeviceRequest, *, time_left: float | None = None
-    ) -> tuple[str, str, bool]:
-        """(entry written, container name, changed) or RegisterError."""
+        self, caller: Caller, pod_dir: Path, req: pb.VDeviceRequest, *, time_left: float | None = None
+    ) -> tuple[str, str, bool, int]:
+        """(entry written, container name, vcuda.config changed, pids written) or RegisterError."""
+        pod_uid = caller.pod_uid
+        own_id = caller.owner.container_id if caller.owner else None
         if not is_pod_uid(req.pod_uid):
             raise _invalid(f"pod_uid {req.pod_uid[:64]!r} is not a pod UID")
         if req.pod_uid != pod_uid:
@@ -73,11 +82,18 @@ class Registrar:
                     f"container_name {req.container_name[:80]!r} is not a Kubernetes container name"
                 )
             entry = name = req.container_name
+            ref = ContainerRef(name=name, qos_class="")
+            container_id = own_id  # the legacy library does not say; its caller's cgroup does
         elif req.container_id:
             if not is_container_id(req.container_id):
                 raise _invalid(f"container_id {req.container_id[:140]!r} is not a container id")
-            entry = req.container_id
-            name = await self._name_of(pod_uid, entry, time_left)
+            if own_id is not None and own_id != req.container_id:
+                raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, (
+                    f"caller pid {caller.pid} is container {own_id}; it may not register container "
+                    f"{req.container_id}"))
+            entry = container_id = req.container_id
+            ref = await self._name_of(pod_uid, entry, time_left)
+            name = ref.name
         else:
             raise _invalid("give exactly one of container_id and container_name; both are empty")
 
@@ -91,8 +107,20 @@ class Registrar:
             data = encode(config_for(alloc, container_name=name, driver_version=driver))
         except ValueError as exc:
             raise RegisterError(grpc.StatusCode.INTERNAL, f"cannot encode vcuda.config: {exc}") from exc
+        files = {}
+        pids = await asyncio.to_thread(self._pids, caller, container_id, ref.qos_class)
+        if pids:
+            files[PIDS_NAME] = encode_pids(pids)
+        elif req.container_id:
+            raise RegisterError(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"no processes found for container {container_id} of pod {pod_uid} under "
+                f"{self.cgroup_root} (cgroup v1/v2, cgroupfs/systemd, docker/containerd/CRI-O layouts tried)"))
+        else:  # legacy name variant: that library reads /etc/vcuda//pids.config, which nobody writes
+            _log.warning("pids.config not written: the caller's container is unknown",
+                         pod_uid=pod_uid, container=name)
+        files[CONFIG_NAME] = data
         try:
-            changed = await asyncio.to_thread(write_container_config, pod_dir, entry, data)
+            written = await asyncio.to_thread(write_container_files, pod_dir, entry, files)
         except ValueError as exc:
             raise _invalid(str(exc)) from exc
         except FileNotFoundError as exc:
@@ -101,9 +129,25 @@ class Registrar:
         except OSError as exc:
             message = f"cannot write vcuda.config for {entry}: {exc}"
             raise RegisterError(grpc.StatusCode.INTERNAL, message) from exc
-        return entry, name, changed
+        return entry, name, written[CONFIG_NAME], len(pids)
 
-    async def _name_of(self, pod_uid: str, container_id: str, time_left: float | None) -> str:
+    def _pids(self, caller: Caller, container_id: str | None, qos: str) -> list[int]:
+        if container_id is None:
+            return []
+        extra = []
+        # Where the caller itself lives, for layouts no formula knows (only a plain absolute path).
+        if caller.owner and caller.owner.container_id == container_id and caller.owner.path.startswith("/"):
+            rel = PurePosixPath(caller.owner.path.lstrip("/"))
+            if ".." not in rel.parts:
+                extra.append(rel)
+        try:
+            found = find_container_cgroup(self.cgroup_root, caller.pod_uid, container_id, qos, extra=extra)
+            return read_pids(found) if found else []
+        except OSError as exc:
+            _log.warning("cannot read the container's cgroup", container_id=container_id, error=str(exc))
+            return []
+
+    async def _name_of(self, pod_uid: str, container_id: str, time_left: float | None) -> ContainerRef:
         patience = self.lookup_patience
         if time_left is not None:
             patience = min(patience, time_left - _DEADLINE_MARGIN)
@@ -116,23 +160,31 @@ class Registrar:
 
 
 class VcudaServicer(pb_grpc.VCUDAServiceServicer):
-    """The servicer behind one pod's vcuda.sock."""
+    """The private server behind every pod's vcuda.sock: the gate's verdict says which pod called."""
 
-    def __init__(self, registrar: Registrar, pod_uid: str, pod_dir: Path) -> None:
+    def __init__(self, registrar: Registrar, callers: Callers, vm_root: Path) -> None:
         self.registrar = registrar
-        self.pod_uid = pod_uid
-        self.pod_dir = pod_dir
+        self.callers = callers
+        self.vm_root = vm_root
 
     async def RegisterVDevice(
         self, request: pb.VDeviceRequest, context: grpc.aio.ServicerContext
     ) -> pb.VDeviceResponse:
+        caller = self.callers.get(context.peer())
         try:
-            entry, name, changed = await self.registrar.register(
-                self.pod_uid, self.pod_dir, request, time_left=context.time_remaining()
+            if caller is None:
+                raise RegisterError(grpc.StatusCode.PERMISSION_DENIED,
+                                    "the connection did not come through a pod's vcuda.sock")
+            if caller.refusal is not None:
+                raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, caller.refusal)
+            entry, name, changed, pids = await self.registrar.register(
+                caller, self.vm_root / caller.pod_uid, request, time_left=context.time_remaining()
             )
         except RegisterError as exc:
-            _log.warning("registration refused", pod_uid=self.pod_uid, code=exc.code.name, error=exc.message)
+            _log.warning("registration refused", pod_uid=caller.pod_uid if caller else None,
+                         pid=caller.pid if caller else None, code=exc.code.name, error=exc.message)
             await context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc  # context.abort raises
-        _log.info("container bound", pod_uid=self.pod_uid, container=name, entry=entry, written=changed)
+        _log.info("container bound", pod_uid=caller.pod_uid, container=name, entry=entry, written=changed,
+                  pids=pids)
         return pb.VDeviceResponse()

@@ -32,6 +32,7 @@ from services.registrar import app as registrar_app
 from services.vmanager import app as vmanager_app
 from services.watchdog import app as watchdog_app
 from simulator import NodeSimulator, SimConfig
+from tests.fakecgroups import enter_container
 
 NODE = "node-1.example"  # a dot, to exercise subject escaping end to end
 
@@ -85,6 +86,10 @@ class Node:
         reply = await self.bus.request(self.bus.subjects.state, StateRequest(), StateReply, timeout=5)
         return reply.snapshot
 
+    def enter_container(self, pod_uid: str, container_id: str) -> list[int]:
+        """Make this test process a process of that container, as the vmanager sees it (fake /proc, cgroups)."""
+        return enter_container(Path(self.settings.proc_root).parent, pod_uid, container_id)
+
     async def run_pod(self, manifest: dict[str, Any], timeout: float = 20) -> dict[str, Any]:
         created = await self.sim.create_pod(manifest)
         ns, name = created["metadata"]["namespace"], created["metadata"]["name"]
@@ -96,7 +101,10 @@ def settings_for(root: Path, nats_url: str, **overrides: Any) -> Settings:
     return Settings(
         node_name=NODE, state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
         pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
-        nats_url=nats_url, gpus="fake", allocate_timeout=5.0, request_timeout=3.0, **overrides,
+        nats_url=nats_url, gpus="fake", allocate_timeout=5.0, request_timeout=3.0,
+        cgroup_root=str(root / "cgroup"), proc_root=str(root / "proc"),
+        driver_volumes=False,  # never mirror a GPU host's real driver into temp dirs (tests/vmanager/test_volumes.py)
+        **overrides,
     )
 
 

@@ -104,6 +104,8 @@ async def test_register_vdevice_cannot_escape_the_pod_directory(node: Node, pod_
     pod = await node.run_pod(gpu_pod("reg", ("c", 50, 2)))
     uid = pod["metadata"]["uid"]
     root = node.settings.vm_root
+    own = next(s["containerID"] for s in pod["status"]["containerStatuses"]).split("://", 1)[1]
+    node.enter_container(uid, cont_id if cont_id == "f" * 64 else own)  # the caller: a process of the pod
     before = tree(root)
     with pytest.raises(VcudaClientError) as err:
         await register_vdevice(str(root / uid / "vcuda.sock"), pod_uid=pod_uid or uid,

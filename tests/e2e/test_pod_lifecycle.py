@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 from pathlib import Path
 
@@ -61,7 +62,9 @@ async def test_two_container_pod_end_to_end(node: Node) -> None:
     assert (vm_dir / "vcuda.sock").is_socket()
     cid = next(s["containerID"] for s in pod["status"]["containerStatuses"] if s["name"] == "trainer")
     cid = cid.split("://", 1)[1]
+    pids = node.enter_container(uid, cid)
     await register_vdevice(str(vm_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=5)
+    assert list(array.array("i", (vm_dir / cid / "pids.config").read_bytes())) == pids
     config = (vm_dir / cid / "vcuda.config").read_bytes()
     assert len(config) == 8240
     cfg = decode(config)

@@ -23,6 +23,8 @@ from libs.events.schema import (
 from libs.kube.pods import Pod
 from libs.vcuda import api_pb2 as pb
 from libs.vcuda import api_pb2_grpc as pb_grpc
+from libs.vcuda import register_vdevice
+from tests.fakecgroups import enter_container
 
 NODE = "node-a"
 GIB = 1 << 30
@@ -92,7 +94,7 @@ def released(grant: AllocationGranted, reason: str = "deleted") -> AllocationRel
                               reason=reason)
 
 
-def pod(uid: str, containers: dict[str, str], init: dict[str, str] | None = None) -> Pod:
+def pod(uid: str, containers: dict[str, str], init: dict[str, str] | None = None, qos: str = "Burstable") -> Pod:
     """A Pod as the API server returns it; ``containers``/``init``: name -> containerd id."""
 
     def spec(name: str) -> dict[str, Any]:
@@ -148,7 +150,7 @@ def pod(uid: str, containers: dict[str, str], init: dict[str, str] | None = None
         },
         "status": {
             "phase": "Running",
-            "qosClass": "Burstable",
+            "qosClass": qos,
             "hostIP": "10.0.0.5",
             "podIP": "10.244.1.7",
             "startTime": "2024-05-01T10:00:01Z",
@@ -174,9 +176,34 @@ def tree(root: Path) -> dict[str, tuple[str, int]]:
 
 async def raw_register(socket: Path | str, **fields: str) -> tuple[grpc.StatusCode, str]:
     """RegisterVDevice with any fields (the client refuses some combinations before sending)."""
-    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+    # A connection of its own: the vmanager judges the caller once per connection.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(f"unix://{socket}", options=options) as channel:
         try:
             await pb_grpc.VCUDAServiceStub(channel).RegisterVDevice(pb.VDeviceRequest(**fields), timeout=5)
         except grpc.aio.AioRpcError as exc:
             return exc.code(), exc.details() or ""
     return grpc.StatusCode.OK, ""
+
+
+_NAMED: dict[tuple[str, str], str] = {}
+
+
+def caller_container(pod_uid: str, container_id: str = "", container_name: str = "") -> str:
+    """The container id the calling process has: the one it registers, or a fixed one per name."""
+    return container_id or _NAMED.setdefault((pod_uid, container_name), new_container_id())
+
+
+async def register(sock: Path | str, *, pod_uid: str, container_id: str = "", container_name: str = "",
+                   **kwargs: Any) -> list[int]:
+    """RegisterVDevice as a process of that container of the socket's pod would make it.
+
+    The vmanager checks the caller through Settings.proc_root / cgroup_root, which the fixtures put
+    beside the vm root (``<workdir>/{vm,proc,cgroup}``). Returns the container's pids.
+    """
+    sock = Path(sock)
+    owner = sock.parent.name  # <workdir>/vm/<pod uid>/vcuda.sock: the caller is in the socket's pod
+    pids = enter_container(sock.parents[2], owner, caller_container(owner, container_id, container_name))
+    await register_vdevice(str(sock), pod_uid=pod_uid, container_id=container_id,
+                           container_name=container_name, **kwargs)
+    return pids

@@ -48,7 +48,8 @@ def workdir() -> Iterator[Path]:
 @pytest.fixture
 def settings(workdir: Path, nats: NatsServer) -> Settings:
     return Settings(node_name=NODE, state_dir=str(workdir / "state"), vm_dir=str(workdir / "vm"),
-                    nats_url=nats.url, request_timeout=1.0)
+                    nats_url=nats.url, request_timeout=1.0, cgroup_root=str(workdir / "cgroup"),
+                    proc_root=str(workdir / "proc"), driver_volumes=False)
 
 
 class Ledger:

@@ -11,10 +11,10 @@ import pytest
 from libs.bus import Bus
 from libs.commands import PrepareReply, PrepareRequest
 from libs.config import Settings
-from libs.vcuda import VcudaClientError, register_vdevice
+from libs.vcuda import VcudaClientError
 from services.vmanager.app import VmanagerService
 from services.vmanager.cleanup import remove_pod_dir, scan_vm_root
-from tests.vmanager.builders import granted, inventory, new_pod_uid, released
+from tests.vmanager.builders import granted, inventory, new_pod_uid, register, released
 from tests.vmanager.conftest import Ledger, folded, running_vmanager
 
 
@@ -30,7 +30,7 @@ async def test_release_stops_server_and_removes_directory(
     uid = new_pod_uid()
     main, side = granted(uid, "main"), granted(uid, "side", index=1)
     sock = await prepare(client_bus, uid, await ledger.append(inventory(), main, side))
-    await register_vdevice(str(sock), pod_uid=uid, container_name="main", timeout=5)
+    await register(sock, pod_uid=uid, container_name="main", timeout=5)
 
     # One container released: the pod still holds the other, everything stays.
     await folded(vmanager, await ledger.append(released(main)))
@@ -40,7 +40,7 @@ async def test_release_stops_server_and_removes_directory(
     assert not (settings.vm_root / uid).exists()
     assert uid not in vmanager.sockets.servers
     with pytest.raises(VcudaClientError, match="no socket"):
-        await register_vdevice(str(sock), pod_uid=uid, container_name="main", timeout=0.3)
+        await register(sock, pod_uid=uid, container_name="main", timeout=0.3)
 
 
 async def test_restart_recovers_live_pods_and_collects_the_rest(
@@ -53,12 +53,12 @@ async def test_restart_recovers_live_pods_and_collects_the_rest(
         seq = await ledger.append(inventory(), live_grant, gone_grant)
         await prepare(client_bus, live, seq)
         await prepare(client_bus, gone, seq)
-        await register_vdevice(str(vm / live / "vcuda.sock"), pod_uid=live, container_name="main", timeout=5)
+        await register(vm / live / "vcuda.sock", pod_uid=live, container_name="main", timeout=5)
         assert set(svc.sockets.servers) == {live, gone}
     # Shutdown stopped the servers but kept the directories: the pods' containers mount them.
     assert (vm / live / "main" / "vcuda.config").exists() and (vm / gone).is_dir()
     with pytest.raises(VcudaClientError):
-        await register_vdevice(str(vm / live / "vcuda.sock"), pod_uid=live, container_name="main",
+        await register(vm / live / "vcuda.sock", pod_uid=live, container_name="main",
                                timeout=0.3)
 
     # While the vmanager is down: a pod goes away, leftovers and foreign entries appear.
@@ -75,7 +75,7 @@ async def test_restart_recovers_live_pods_and_collects_the_rest(
         assert sorted(os.listdir(vm)) == sorted([live, "lost+found", "README", "not-a-uuid-0000"])
         assert os.lstat(vm / live).st_ino == live_dir_inode  # same directory: existing mounts still see it
         assert (vm / live / "vcuda.sock").is_socket()
-        await register_vdevice(str(vm / live / "vcuda.sock"), pod_uid=live, container_name="main", timeout=5)
+        await register(vm / live / "vcuda.sock", pod_uid=live, container_name="main", timeout=5)
         assert (vm / "README").read_text() == "operator notes"
 
 
@@ -100,7 +100,7 @@ async def test_shutdown_is_clean(settings: Settings, ledger: Ledger, client_bus:
     assert svc.bus.nc.is_closed
     assert svc.supervisor.failure.done()
     with pytest.raises(VcudaClientError) as info:
-        await register_vdevice(str(sock), pod_uid=uid, container_name="main", timeout=0.3)
+        await register(sock, pod_uid=uid, container_name="main", timeout=0.3)
     assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
 
 

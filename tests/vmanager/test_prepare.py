@@ -36,10 +36,10 @@ async def test_prepare_creates_directory_and_socket(
     assert reply.directory == str(settings.vm_root / uid)
     assert reply.socket == str(settings.vm_root / uid / "vcuda.sock")
     assert stat.S_ISDIR(os.lstat(reply.directory).st_mode) and mode(reply.directory) == 0o755
-    assert stat.S_ISSOCK(os.lstat(reply.socket).st_mode) and mode(reply.socket) == 0o777
-    # The server answers (an unknown container, but it answers).
+    assert stat.S_ISSOCK(os.lstat(reply.socket).st_mode) and mode(reply.socket) == 0o666
+    # The server answers (this test process is in no pod: refused, but answered).
     code, _ = await raw_register(reply.socket, pod_uid=uid, container_name="nobody")
-    assert code.name == "NOT_FOUND"
+    assert code.name == "PERMISSION_DENIED"
 
 
 async def test_prepare_is_idempotent(ledger: Ledger, vmanager: VmanagerService, client_bus: Bus) -> None:
@@ -84,7 +84,7 @@ async def test_vanished_socket_is_restarted(
     reply = await prepare(client_bus, uid, seq)
     os.unlink(reply.socket)
     again = await prepare(client_bus, uid, seq)
-    assert Path(again.socket).is_socket() and mode(again.socket) == 0o777
+    assert Path(again.socket).is_socket() and mode(again.socket) == 0o666
 
 
 async def test_pod_without_allocation_is_404(

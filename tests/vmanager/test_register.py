@@ -12,8 +12,10 @@ import pytest
 from libs.bus import Bus
 from libs.commands import PrepareReply, PrepareRequest
 from libs.config import Settings
-from libs.vcuda import VcudaClientError, register_vdevice
+from libs.vcuda import VcudaClientError
 from services.vmanager.app import VmanagerService
+from services.vmanager.names import is_container_id
+from tests.fakecgroups import enter_container
 from tests.vmanager.builders import (
     BLOCK,
     granted,
@@ -22,6 +24,7 @@ from tests.vmanager.builders import (
     new_pod_uid,
     pod,
     raw_register,
+    register,
     tree,
 )
 from tests.vmanager.conftest import FakeWatchdog, Ledger
@@ -43,7 +46,7 @@ async def test_register_by_container_id(
     sock = await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30, memory=3 * BLOCK),
                           granted(uid, "warmup", cores=50, memory=BLOCK, core_limit=80, init=True))
 
-    await register_vdevice(str(sock), pod_uid=uid, container_id=cid, timeout=5)
+    await register(sock, pod_uid=uid, container_id=cid, timeout=5)
     written = settings.vm_root / uid / cid / "vcuda.config"
     assert written.read_bytes() == golden_config(
         pod_uid=uid, limit=0, container_name="trainer", gpu_memory=805306368, utilization=30, hard_limit=1,
@@ -53,7 +56,7 @@ async def test_register_by_container_id(
     assert os.stat(written.parent).st_mode & 0o777 == 0o755
 
     # An init container's id resolves through initContainerStatuses.
-    await register_vdevice(str(sock), pod_uid=uid, container_id=init_id, timeout=5)
+    await register(sock, pod_uid=uid, container_id=init_id, timeout=5)
     assert (settings.vm_root / uid / init_id / "vcuda.config").read_bytes() == golden_config(
         pod_uid=uid, limit=80, container_name="warmup", gpu_memory=BLOCK, utilization=50, hard_limit=0,
         driver_major=550, driver_minor=54, enable=1,
@@ -67,7 +70,7 @@ async def test_register_by_container_name(
     uid = new_pod_uid()
     grant = granted(uid, "main", cores=40, memory=8 * BLOCK, core_limit=60)
     sock = await prepared(ledger, client_bus, uid, grant)
-    await register_vdevice(str(sock), pod_uid=uid, container_name="main", bus_id="0000:17:00.0", timeout=5)
+    await register(sock, pod_uid=uid, container_name="main", bus_id="0000:17:00.0", timeout=5)
     assert (settings.vm_root / uid / "main" / "vcuda.config").read_bytes() == golden_config(
         pod_uid=uid, limit=60, container_name="main", gpu_memory=8 * 268435456, utilization=40, hard_limit=0,
         driver_major=550, driver_minor=54, enable=1,  # bus_id is ignored, as gpu-manager does
@@ -79,7 +82,7 @@ async def test_whole_gpus_disable_limits(
 ) -> None:
     uid = new_pod_uid()
     sock = await prepared(ledger, client_bus, uid, granted(uid, "big", cores=200, memory=0))
-    await register_vdevice(str(sock), pod_uid=uid, container_name="big", timeout=5)
+    await register(sock, pod_uid=uid, container_name="big", timeout=5)
     assert (settings.vm_root / uid / "big" / "vcuda.config").read_bytes() == golden_config(
         pod_uid=uid, limit=0, container_name="big", gpu_memory=0, utilization=200, hard_limit=1,
         driver_major=550, driver_minor=54, enable=0,
@@ -92,19 +95,19 @@ async def test_rewrite_only_when_changed_and_no_temp_files(
     uid, cid = new_pod_uid(), new_container_id()
     watchdog.add(pod(uid, {"main": cid}))
     sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
-    await register_vdevice(str(sock), pod_uid=uid, container_id=cid, timeout=5)
+    await register(sock, pod_uid=uid, container_id=cid, timeout=5)
     path = settings.vm_root / uid / cid / "vcuda.config"
     first = os.stat(path)
     for _ in range(3):  # every CUDA process of the container registers
-        await register_vdevice(str(sock), pod_uid=uid, container_id=cid, timeout=5)
+        await register(sock, pod_uid=uid, container_id=cid, timeout=5)
     assert os.stat(path).st_ino == first.st_ino and os.stat(path).st_mtime_ns == first.st_mtime_ns
 
     # A newer grant for the same container (a restart re-allocated it) replaces the file atomically.
     await ledger.append(granted(uid, "main", cores=60, memory=2 * BLOCK))
-    await register_vdevice(str(sock), pod_uid=uid, container_id=cid, timeout=5)
+    await register(sock, pod_uid=uid, container_id=cid, timeout=5)
     assert os.stat(path).st_ino != first.st_ino
     assert path.read_bytes()[0x2010:0x201C] == (2 * BLOCK).to_bytes(8, "little") + (60).to_bytes(4, "little")
-    assert sorted(os.listdir(path.parent)) == ["vcuda.config"]
+    assert sorted(os.listdir(path.parent)) == ["pids.config", "vcuda.config"]
     assert sorted(os.listdir(path.parent.parent)) == [cid, "vcuda.sock"]
 
 
@@ -116,7 +119,7 @@ async def test_uses_the_recorded_driver_version(
     # prepared() records 550.54.15 again, then grants; the newest inventory is what counts
     sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
     await ledger.append(inventory(driver="535.183.01"))
-    await register_vdevice(str(sock), pod_uid=uid, container_name="main", timeout=5)
+    await register(sock, pod_uid=uid, container_name="main", timeout=5)
     data = (settings.vm_root / uid / "main" / "vcuda.config").read_bytes()
     assert data[0x2020:0x2028] == (535).to_bytes(4, "little") + (183).to_bytes(4, "little")
 
@@ -155,12 +158,15 @@ async def test_bad_requests_write_nothing(
         request["container_id"] = cid
     if request.get("container_id") == "PLACEHOLDER_SIDECAR":
         request["container_id"] = sidecar_id
+    # The caller is a process of the container it names (when that is a well-formed id), else of main.
+    own = request.get("container_id", "")
+    enter_container(workdir, uid, own if is_container_id(own) else cid)
     before = tree(workdir / "vm")
     got, details = await raw_register(sock, **request)
     assert got.name == code
     assert says in details
     assert tree(workdir / "vm") == before
-    assert sorted(os.listdir(workdir)) == ["state", "vm"]
+    assert sorted(os.listdir(workdir)) == ["cgroup", "proc", "state", "vm"]
     assert sorted(os.listdir(settings.vm_root)) == [uid]
 
 
@@ -171,7 +177,7 @@ async def test_unknown_container_names_id_and_pod(
     watchdog.add(pod(uid, {"main": new_container_id()}))
     sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
     with pytest.raises(VcudaClientError) as info:
-        await register_vdevice(str(sock), pod_uid=uid, container_id=unknown, timeout=5)
+        await register(sock, pod_uid=uid, container_id=unknown, timeout=5)
     assert info.value.code == grpc.StatusCode.NOT_FOUND
     assert unknown in info.value.message and uid in info.value.message
     assert any(call.fresh for call in watchdog.calls)  # retried against the API server, not only the cache
@@ -191,7 +197,7 @@ async def test_container_id_seen_late_is_found(
         watchdog.add(pod(uid, {"main": cid}))
 
     task = asyncio.create_task(publish_later())
-    await register_vdevice(str(sock), pod_uid=uid, container_id=cid, timeout=5)
+    await register(sock, pod_uid=uid, container_id=cid, timeout=5)
     await task
     assert len(watchdog.calls) - calls_before >= 2
     assert (settings.vm_root / uid / cid / "vcuda.config").exists()
@@ -203,7 +209,7 @@ async def test_watchdog_unreachable_is_unavailable(
     uid = new_pod_uid()
     sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
     with pytest.raises(VcudaClientError) as info:
-        await register_vdevice(str(sock), pod_uid=uid, container_id=new_container_id(), timeout=5)
+        await register(sock, pod_uid=uid, container_id=new_container_id(), timeout=5)
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
     assert "watchdog" in info.value.message
     assert sorted(os.listdir(settings.vm_root / uid)) == ["vcuda.sock"]

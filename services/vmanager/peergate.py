@@ -1,0 +1,168 @@
+"""Who is calling a pod's vcuda.sock: SO_PEERCRED, then the caller's cgroup must be one of that pod's.
+
+gRPC's Python server does not expose the peer's credentials on a unix socket (``context.peer()`` is
+``"unix:"``, the auth context has no pid), so each pod's vcuda.sock is a small asyncio listener:
+
+1. accept, read ``SO_PEERCRED`` (pid, uid, gid; the kernel's record of the connecting process);
+2. read ``<proc_root>/<pid>/cgroup`` and find the pod (and container) it names (libs/cgroups.py);
+3. connect to the vmanager's private gRPC server through a client socket autobound to a unique
+   abstract name, record the verdict under that name, and copy bytes both ways.
+
+The gRPC servicer sees ``context.peer() == "unix-abstract:<name>"`` and looks the verdict up, so a
+refused caller gets a clear PERMISSION_DENIED instead of a dropped connection, and the refusal is
+logged once with the caller's pid and cgroup. The private server listens in a 0700 directory, so
+nothing but this gate can reach it.
+
+The pid is meaningful only in the vmanager's pid namespace: the vmanager runs with hostPID (as
+gpu-manager does); a caller whose pid the kernel cannot map (pid 0) is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from libs.cgroups import AmbiguousCgroup, CgroupOwner, owner_of_process
+from libs.log import get_logger
+
+__all__ = ["SOCKET_MODE", "Caller", "Callers", "PeerGate", "check_caller"]
+
+_log = get_logger("vmanager")
+
+# Connecting to a unix socket needs write permission on it; containers run as any uid. Who may
+# actually talk is decided by the cgroup check, not by the mode.
+SOCKET_MODE = 0o666
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Caller:
+    pod_uid: str  # the pod whose socket was called
+    pid: int
+    uid: int
+    owner: CgroupOwner | None
+    refusal: str | None = None
+
+
+class Callers:
+    """Verdicts by the backend peer name the servicer sees."""
+
+    def __init__(self) -> None:
+        self._by_peer: dict[str, Caller] = {}
+
+    def get(self, peer: str) -> Caller | None:
+        return self._by_peer.get(peer)
+
+    def add(self, peer: str, caller: Caller) -> None:
+        self._by_peer[peer] = caller
+
+    def drop(self, peer: str) -> None:
+        self._by_peer.pop(peer, None)
+
+    def __len__(self) -> int:
+        return len(self._by_peer)
+
+
+def check_caller(proc_root: Path, pod_uid: str, pid: int, uid: int) -> Caller:
+    def refuse(why: str, owner: CgroupOwner | None = None) -> Caller:
+        return Caller(pod_uid=pod_uid, pid=pid, uid=uid, owner=owner, refusal=why)
+
+    if pid <= 0:
+        return refuse("the caller's pid is not visible here (run the vmanager with the host's pid namespace)")
+    try:
+        owner = owner_of_process(proc_root, pid)
+    except FileNotFoundError:
+        return refuse(f"caller pid {pid} has no {proc_root}/{pid}/cgroup (process gone?)")
+    except (AmbiguousCgroup, OSError, UnicodeDecodeError) as exc:
+        return refuse(f"caller pid {pid}: {exc}")
+    if owner.pod_uid != pod_uid:
+        where = f"pod {owner.pod_uid}" if owner.pod_uid else "no pod"
+        return refuse(f"caller pid {pid} is in {where} (cgroup {owner.path!r}); this socket serves pod {pod_uid}",
+                      owner)
+    return Caller(pod_uid=pod_uid, pid=pid, uid=uid, owner=owner)
+
+
+def _peercred(sock: socket.socket) -> tuple[int, int, int]:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(_CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(OSError, RuntimeError):
+            writer.close()
+
+
+class PeerGate:
+    """One pod's vcuda.sock: checks every connection, then hands it to the private gRPC server."""
+
+    def __init__(self, pod_uid: str, path: Path, backend: Path, callers: Callers, proc_root: Path) -> None:
+        self.pod_uid = pod_uid
+        self.path = path
+        self.backend = backend
+        self.callers = callers
+        self.proc_root = proc_root
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._accepted, path=str(self.path), backlog=64)
+        os.chmod(self.path, SOCKET_MODE)
+
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            pass  # close() ends open connections; asyncio would report the cancelled callback as an error
+        finally:
+            self._tasks.discard(task)
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pid, uid, _gid = _peercred(writer.get_extra_info("socket"))
+        caller = await asyncio.to_thread(check_caller, self.proc_root, self.pod_uid, pid, uid)
+        if caller.refusal:
+            _log.warning("vcuda.sock caller refused", pod_uid=self.pod_uid, pid=pid, uid=uid, reason=caller.refusal)
+        backend = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            backend.setblocking(False)
+            backend.bind(b"")  # autobind: the kernel picks a unique abstract name, gRPC reports it as the peer
+            await asyncio.get_running_loop().sock_connect(backend, str(self.backend))
+        except OSError as exc:
+            backend.close()
+            _log.error("vcuda backend unreachable", pod_uid=self.pod_uid, error=str(exc))
+            return
+        name = backend.getsockname()
+        peer = "unix-abstract:" + (name[1:].decode() if isinstance(name, bytes) else name.lstrip("\0"))
+        self.callers.add(peer, caller)
+        try:
+            b_reader, b_writer = await asyncio.open_unix_connection(sock=backend)
+            await asyncio.gather(_pipe(reader, b_writer), _pipe(b_reader, writer))
+        finally:
+            self.callers.drop(peer)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()

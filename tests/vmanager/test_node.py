@@ -1,0 +1,78 @@
+"""hami-core limit delivery on a whole simulated node (in-process services), end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from libs.bus.server import NatsServer
+from libs.kube.pods import RESOURCE_VCORE
+from services.allocator import app as allocator_app
+from services.registrar import app as registrar_app
+from services.vmanager import app as vmanager_app
+from services.watchdog import app as watchdog_app
+from tests.e2e.conftest import Node, _base, gpu_pod, settings_for
+
+
+async def _gone(path: Path, timeout: float = 15) -> None:
+    async with asyncio.timeout(timeout):
+        while path.exists():  # noqa: ASYNC110 (another process removes it)
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def hami_node(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
+    library = short_dir / "hami" / "libvgpu.so"
+    library.parent.mkdir()
+    library.write_bytes(b"\x7fELF")
+    settings = settings_for(short_dir, nats_server.url, limit_delivery="hami-core", hami_library=str(library),
+                            hami_lock_dir=str(short_dir / "vgpulock"))
+    async with AsyncExitStack() as stack:
+        node = await _base(stack, short_dir, nats_server.url, settings)
+        node.services = {
+            "allocator": await stack.enter_async_context(allocator_app.service(settings)),
+            "watchdog": await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=1.0)),
+            "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
+            "registrar": await stack.enter_async_context(registrar_app.service(settings)),
+        }
+        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
+        yield node
+
+
+async def test_hami_core_mode_end_to_end(hami_node: Node) -> None:
+    node, s = hami_node, hami_node.settings
+    pod = await node.run_pod(gpu_pod("train", ("trainer", 30, 3), ("evaluator", 100, 0)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    uid = pod["metadata"]["uid"]
+
+    trainer = node.sim.container_run_options("default", "train", "trainer")
+    cache = trainer["envs"].pop("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+    assert cache.startswith("/usr/local/vgpu/") and cache.endswith(".cache")
+    assert trainer["envs"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "768m"
+    assert trainer["envs"]["CUDA_DEVICE_SM_LIMIT"] == "30"
+    cache_host = s.vm_root / uid / "_hami" / "trainer"
+    mounts = {m["container_path"]: (m["host_path"], m["read_only"]) for m in trainer["mounts"]}
+    assert mounts == {
+        "/usr/local/nvidia": (str(s.vdriver_root / "origin"), True),
+        "/usr/local/vgpu": (str(cache_host), False),
+        "/usr/local/vgpu/libvgpu.so": (s.hami_library, True),
+        s.hami_lock_dir: (s.hami_lock_dir, False),
+        "/etc/ld.so.preload": (str(s.hami_preload), True),
+    }
+    # Made by the vmanager before the container started; the preload file names the library.
+    assert cache_host.is_dir() and stat.S_IMODE(os.stat(cache_host).st_mode) == 0o777
+    assert s.hami_preload.read_text() == "/usr/local/vgpu/libvgpu.so\n"
+    assert stat.S_IMODE(os.stat(s.hami_preload).st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(s.hami_lock_dir).st_mode) == 0o1777
+    # Whole GPUs: no limits, as in vcuda mode.
+    evaluator = node.sim.container_run_options("default", "train", "evaluator")
+    assert not any(k.startswith("CUDA_DEVICE_") for k in evaluator["envs"])
+
+    await node.sim.delete_pod("default", "train")
+    await _gone(s.vm_root / uid)
