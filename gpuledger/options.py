@@ -60,6 +60,11 @@ def agent_options(fn: F) -> F:
              help="Seconds the kubelet's Allocate may wait for the allocator before it gets an error."),
         _opt("--request-timeout", env="GPULEDGER_REQUEST_TIMEOUT", type=float, default=5.0, show_default=True,
              help="Seconds any internal request between services may take."),
+        # issue 3: pod identity
+        _opt("--identity-check-period", env="GPULEDGER_IDENTITY_CHECK_PERIOD", type=float, default=30.0,
+             show_default=True,
+             help="Seconds between checks of every grant against the kubelet's pod-resources record "
+                  "(0: only at PreStartContainer)."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)

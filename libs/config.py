@@ -40,12 +40,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     request_timeout: float = 5.0    # internal service-to-service requests
     log_format: str = "auto"
     log_level: str = "info"
+    # issue 3: pod identity from the kubelet's pod-resources API, checked at PreStartContainer and every
+    # identity_check_period seconds (0: only at PreStartContainer)
+    identity_check_period: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.node_name:
             raise msgspec.ValidationError("node_name must not be empty")
         if self.allocate_timeout <= 0 or self.request_timeout <= 0:
             raise msgspec.ValidationError("timeouts must be positive")
+        if self.identity_check_period < 0:
+            raise msgspec.ValidationError("identity_check_period must not be negative")
 
     @property
     def log_path(self) -> Path:

@@ -1,4 +1,5 @@
-"""Allocator composition root: log -> replayed state -> GPU inventory -> NATS handlers -> outbox relay."""
+"""Allocator composition root: log -> replayed state -> GPU inventory -> NATS handlers -> outbox relay,
+plus the kubelet's pod-resources client (pod identity) and the API client (extender annotations)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from dataclasses import dataclass
 from libs.bus import Bus, Relay
 from libs.config import Settings
 from libs.gpu import load_inventory
+from libs.kube.source import make_client
 from libs.ledger import LedgerState
 from libs.log import get_logger
 from libs.runtime import Supervisor
 from libs.store import EventLog
+from services.allocator.extender import AnnotationWriter
 from services.allocator.handlers import Allocator
 from services.allocator.inventory import inventory_event
+from services.allocator.podresources import KubeletPodResources
 
 __all__ = ["AllocatorService", "service"]
 
@@ -47,8 +51,21 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         stack.push_async_callback(bus.close)
         supervisor = Supervisor("allocator")
         stack.push_async_callback(supervisor.aclose)
-        handlers = Allocator(settings, events, state, bus)
+        kubelet = KubeletPodResources(settings.pod_resources_socket, timeout=settings.request_timeout)
+        stack.push_async_callback(kubelet.close)
+        try:
+            client = make_client(settings.kubeconfig)
+        except Exception as exc:  # no API access: allocate anyway, without writing annotations
+            log.warning("no Kubernetes API client: extender annotations will not be written", error=str(exc))
+            client = None
+        else:
+            stack.push_async_callback(client.close)
+        annotations = AnnotationWriter(client, state.pod_allocations)
+        handlers = Allocator(settings, events, state, bus, kubelet=kubelet, annotations=annotations)
         relay = Relay(bus, events)
         supervisor.spawn(relay.run(), "relay")
+        supervisor.spawn(annotations.run(), "annotations")
+        if settings.identity_check_period > 0:
+            supervisor.spawn(handlers.reconcile_forever(settings.identity_check_period), "identity-check")
         await handlers.serve()
         yield AllocatorService(handlers=handlers, relay=relay, supervisor=supervisor)

@@ -12,6 +12,8 @@ import re
 import time
 import uuid
 
+import msgspec
+
 from libs.bus.client import Bus
 from libs.commands import (
     AllocateReply,
@@ -32,13 +34,17 @@ from libs.commands import (
 from libs.config import MEMORY_BLOCK, Settings
 from libs.errors import BusError, ServiceError
 from libs.events.codec import StoredEvent
-from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, Event
-from libs.kube.pods import ANNOTATION_CORE_LIMIT, RESOURCE_VCORE, Pod
-from libs.ledger.state import Allocation, LedgerState
+from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, Event, GpuShare
+from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
+from libs.ledger.state import Allocation, GpuUsage, LedgerState
 from libs.log import get_logger
 from libs.store.log import EventLog
+from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
+from services.allocator.identity import misattributed, plan_corrections, suspects
 from services.allocator.matching import Candidate, find_candidate
 from services.allocator.placement import place
+from services.allocator.podresources import DeviceHolder, KubeletPodResources, PodResourcesUnavailable
+from services.allocator.prestart import check_allocation
 from services.allocator.responses import build_response
 
 __all__ = ["Allocator"]
@@ -48,12 +54,19 @@ _log = get_logger("allocator")
 
 
 class Allocator:
-    def __init__(self, settings: Settings, log: EventLog, state: LedgerState, bus: Bus) -> None:
+    def __init__(
+        self, settings: Settings, log: EventLog, state: LedgerState, bus: Bus, *,
+        kubelet: KubeletPodResources | None = None, annotations: AnnotationWriter | None = None,
+    ) -> None:
         self.settings = settings
         self.log = log
         self.state = state
         self.bus = bus
         self.lock = asyncio.Lock()
+        self.kubelet = kubelet
+        self.annotations = annotations or AnnotationWriter(None, state.pod_allocations)
+        self.corrections = 0
+        self._kubelet_warned = False
 
     async def serve(self) -> None:
         s = self.bus.subjects
@@ -111,9 +124,7 @@ class Allocator:
         pod, container = cand.pod, cand.container
         cores = len(req.device_ids)
         memory = container.vmemory * MEMORY_BLOCK
-        links = self.state.inventory.links if self.state.inventory else ()
-        shares = place(list(self.state.gpus.values()), links, cores=cores, memory=memory,
-                       share_mode=self.settings.share_mode)
+        shares = self._choose(req, cand, cores, memory)
         response = build_response(
             shares=shares, cores=cores, memory=memory, pod_uid=pod.uid,
             vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
@@ -126,13 +137,39 @@ class Allocator:
             pod_uid=pod.uid, namespace=pod.metadata.namespace, pod_name=pod.metadata.name,
             container=container.name, container_index=cand.index, init_container=cand.init,
             cores=cores, memory=memory, device_ids=tuple(req.device_ids), shares=shares,
-            core_limit=_core_limit(pod), response=response,
+            core_limit=core_limit(pod), response=response,
         )
         stored = await self._append([event], command_id=req.request_id)
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
         _log.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
                   gpus=[s.index for s in shares], seq=stored[0].seq, request_id=req.request_id)
+        if not is_predicated(pod):
+            # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply).
+            self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False)
         return _reply(granted)
+
+    def _choose(self, req: AllocateRequest, cand: Candidate, cores: int, memory: int) -> tuple[GpuShare, ...]:
+        """Where the container goes: on its init containers' GPUs when it reuses their kubelet
+        devices; on the extender's GPU when the pod was predicated (share mode); else placement."""
+        links = self.state.inventory.links if self.state.inventory else ()
+        share_mode = self.settings.share_mode
+        reused = [] if cand.init else self.state.reused_by(cand.pod.uid, set(req.device_ids))
+        view = _without(self.state.gpus, reused)
+        if reused:
+            theirs = {s.index for a in reused for s in a.shares}
+            try:
+                return place([g for g in view if g.index in theirs], links, cores=cores, memory=memory,
+                             share_mode=share_mode)
+            except ServiceError:
+                pass  # the init containers' GPUs are too small for this one: place it anywhere
+        if cores < 100 and not cand.init and is_predicated(cand.pod):
+            wanted = predicated_minor(cand.pod, cand.index, view)
+            try:
+                return place([wanted], links, cores=cores, memory=memory, share_mode=share_mode)
+            except ServiceError:
+                ours = place(view, links, cores=cores, memory=memory, share_mode=share_mode)
+                raise mismatch(cand.pod, cand.container.name, ours, wanted) from None
+        return place(view, links, cores=cores, memory=memory, share_mode=share_mode)
 
     async def _refuse(self, req: AllocateRequest, reason: str) -> None:
         _log.warning("allocate refused", reason=reason, request_id=req.request_id, devices=len(req.device_ids))
@@ -145,13 +182,16 @@ class Allocator:
             _log.error("could not record a refusal", error=str(exc))
 
     async def _pending_pods(self, *, fresh: bool) -> list[Pod]:
+        return await self._pods(PodsRequest(phase="Pending", fresh=fresh))
+
+    async def _pods(self, query: PodsRequest) -> list[Pod]:
         try:
             reply = await self.bus.request(
-                self.bus.subjects.pods, PodsRequest(phase="Pending", fresh=fresh), PodsReply,
+                self.bus.subjects.pods, query, PodsReply,
                 timeout=min(self.settings.request_timeout, self.settings.allocate_timeout / 2),
             )
         except BusError as exc:
-            raise ServiceError(503, f"cannot list the node's pending pods from the watchdog: {exc}") from exc
+            raise ServiceError(503, f"cannot list the node's pods from the watchdog: {exc}") from exc
         return reply.pods
 
     def _check_devices(self, resource: str, device_ids: list[str]) -> None:
@@ -169,22 +209,95 @@ class Allocator:
 
     # --- PreStartContainer ---
     async def prestart(self, req: PreStartRequest) -> PreStartReply:
+        """gpu-manager's PreStartContainer (section 3.9), with the kubelet's pod-resources record in
+        place of its private checkpoint: learn who really holds the devices, correct the grant when
+        the Allocate-time guess was wrong, check the grant, then have the pod's vcuda.sock served."""
         self._check_devices(req.resource, req.device_ids)
+        holder = await self.verify_identity(req.device_ids, reason="prestart")
         alloc = self.state.find_by_devices(req.device_ids)
         if alloc is None:
             raise ServiceError(404, (
-                "PreStartContainer check failed, no allocation holds these "
-                f"{len(req.device_ids)} {RESOURCE_VCORE} devices"
+                "PreStartContainer check failed, failed to get pod from deviceplugin checkpoint: no allocation "
+                f"holds these {len(req.device_ids)} {RESOURCE_VCORE} devices"
             ))
+        pods = [p for p in await self._pods(PodsRequest(uid=alloc.pod_uid)) if is_active(p)]
+        if not pods:
+            pods = [p for p in await self._pods(PodsRequest(uid=alloc.pod_uid, fresh=True)) if is_active(p)]
+        if not pods:
+            raise ServiceError(404, f"PreStartContainer check failed, failed to get pod {alloc.pod_uid} in watchdog")
+        problem = check_allocation(alloc, pods[0], cores=len(req.device_ids),
+                                   vmemory=holder.vmemory if holder is not None else None)
+        if problem is not None:
+            message = f"PreStartContainer check failed, {problem}"
+            await self._fail_pod(alloc, message)
+            raise ServiceError(409, message)
         try:
             prepared = await self.bus.request(
-                self.bus.subjects.prepare, PrepareRequest(pod_uid=alloc.pod_uid, alloc_seq=alloc.granted_seq),
+                self.bus.subjects.prepare, PrepareRequest(pod_uid=alloc.pod_uid, alloc_seq=self.state.seq),
                 PrepareReply, timeout=self.settings.request_timeout,
             )
         except BusError as exc:
             raise ServiceError(503, f"failed to setup VCuda for pod {alloc.pod_uid}: {exc}") from exc
+        self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True)
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
                              vcuda_socket=prepared.socket)
+
+    async def _fail_pod(self, alloc: Allocation, message: str) -> None:
+        """gpu-manager's ALLOCATE_FAIL: free the pod's GPUs and mark it Failed."""
+        _log.warning("prestart check failed", pod=f"{alloc.namespace}/{alloc.pod_name}", error=message)
+        await self.release(ReleaseRequest(pod_uid=alloc.pod_uid, reason="prestart-check-failed"))
+        await self.annotations.fail_pod(alloc.namespace, alloc.pod_name, message)
+
+    # --- authoritative identity ---
+    async def verify_identity(self, device_ids: list[str] | None = None, *, reason: str) -> DeviceHolder | None:
+        """Correct every grant the kubelet records under another pod or container; the kubelet's
+        holder of ``device_ids`` (None when pod-resources is not available or does not list it)."""
+        if self.kubelet is None:
+            return None
+        try:
+            found = await self.kubelet.list()
+        except PodResourcesUnavailable as exc:
+            if not self._kubelet_warned:
+                _log.warning("pod-resources unavailable: keeping the Allocate-time guess of pods", error=str(exc))
+                self._kubelet_warned = True
+            return None
+        self._kubelet_warned = False
+        if suspects(self.state, found):
+            await self._correct(found, reason)
+        return found.get(frozenset(device_ids)) if device_ids else None
+
+    async def _correct(self, found: dict[frozenset[str], DeviceHolder], reason: str) -> None:
+        pods = await self._pods(PodsRequest(fresh=True))
+        async with self.lock:
+            wrong = misattributed(self.state, found, pods)
+            if not wrong:
+                return
+            try:
+                events = plan_corrections(self.state, wrong, share_mode=self.settings.share_mode,
+                                          vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
+                                          reason=reason)
+            except ServiceError as exc:
+                raise ServiceError(409, f"PreStartContainer check failed, {exc.message}") from exc
+            await self._append(list(events))
+        self.corrections += len(events)
+        running = {p.uid: p.status.phase == "Running" for p in pods}
+        for w, ev in zip(wrong, events, strict=True):
+            _log.warning("grant corrected from the kubelet's pod-resources", alloc_id=ev.alloc_id,
+                         guessed=f"{w.alloc.namespace}/{w.alloc.pod_name}/{w.alloc.container}",
+                         actual=f"{ev.namespace}/{ev.pod_name}/{ev.container}", memory=ev.memory, reason=reason)
+        for uid in {w.pod.uid for w in wrong} | {w.alloc.pod_uid for w in wrong}:
+            held = self.state.pod_allocations(uid)
+            if held:
+                self.annotations.publish(held[0].namespace, held[0].pod_name, uid, assigned=running.get(uid, False))
+
+    async def reconcile_forever(self, period: float) -> None:
+        """The periodic check (gpu-manager's checkAllocationPeriodically, against pod-resources)."""
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.verify_identity(reason="reconcile")
+            except (ServiceError, BusError) as exc:
+                _log.error("identity reconciliation failed", error=str(getattr(exc, "message", exc)))
 
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
@@ -214,11 +327,15 @@ def _reply(alloc: Allocation) -> AllocateReply:
                          pod_name=alloc.pod_name, container=alloc.container, response=alloc.response)
 
 
-def _core_limit(pod: Pod) -> int | None:
-    raw = pod.metadata.annotations.get(ANNOTATION_CORE_LIMIT)
-    if raw is None:
-        return None
-    try:
-        return max(0, min(int(raw), 100))
-    except ValueError:
-        return None
+def _without(gpus: dict[int, GpuUsage], reused: list[Allocation]) -> list[GpuUsage]:
+    """The GPUs' usage as if the reused init-container grants were already handed on."""
+    view = {i: msgspec.structs.replace(g, alloc_ids=list(g.alloc_ids)) for i, g in sorted(gpus.items())}
+    for alloc in reused:
+        for share in alloc.shares:
+            gpu = view.get(share.index)
+            if gpu is not None:
+                gpu.cores_used -= share.cores
+                gpu.memory_used -= share.memory
+                if alloc.alloc_id in gpu.alloc_ids:
+                    gpu.alloc_ids.remove(alloc.alloc_id)
+    return list(view.values())

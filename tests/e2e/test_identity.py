@@ -1,0 +1,91 @@
+"""Authoritative pod identity: a wrong Allocate-time guess is corrected from the kubelet's pod-resources.
+
+Two pods ask for the same 50 vcuda-core but different memory. The kubelet admits pod B first (it was
+created first) while pod A carries the earlier ``tencent.com/predicate-time``, so the allocator, which
+like gpu-manager cannot tell equal requests apart, gives B's devices to A and A's devices to B. At
+PreStartContainer the kubelet's pod-resources record names the real holders: both grants move, each
+pod ends up with its own memory limit in the log, in the pod annotations and in vcuda.config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from libs.commands import PodsReply, PodsRequest
+from libs.config import MEMORY_BLOCK
+from libs.kube.pods import RESOURCE_VCORE
+from libs.ledger.state import LedgerState
+from libs.store import replay
+from libs.vcuda.client import register_vdevice
+from libs.vcuda.config import decode
+from tests.e2e.conftest import Node, gpu_pod
+
+
+async def _watchdog_sees(node: Node, names: set[str], timeout: float = 10) -> None:
+    """Wait (bounded) until the watchdog's pod cache holds these pending pods."""
+    async with asyncio.timeout(timeout):
+        while True:
+            reply = await node.bus.request(node.bus.subjects.pods, PodsRequest(phase="Pending"), PodsReply, timeout=5)
+            if names <= {p.metadata.name for p in reply.pods}:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def test_pods_swapped_at_allocate_get_their_own_limits(node: Node) -> None:
+    pod_a = gpu_pod("pod-a", ("main", 50, 4), annotations={"tencent.com/predicate-time": "1000"})
+    pod_b = gpu_pod("pod-b", ("main", 50, 8), annotations={"tencent.com/predicate-time": "2000"})
+    # Hold the simulated kubelet's admission until the allocator can see both pods: B is created
+    # first, so the kubelet admits B first; A's earlier predicate time makes the allocator guess A.
+    async with node.sim.kubelet.admission_lock:
+        await node.sim.create_pod(pod_b)
+        await node.sim.create_pod(pod_a)
+        await _watchdog_sees(node, {"pod-a", "pod-b"})
+    running = {}
+    for name in ("pod-a", "pod-b"):
+        running[name] = await node.sim.wait_for_pod(
+            "default", name, lambda p: p["status"].get("phase") in ("Running", "Failed"), 20)
+        assert running[name]["status"]["phase"] == "Running", running[name]["status"]
+    uid = {name: p["metadata"]["uid"] for name, p in running.items()}
+    want = {"pod-a": 4 * MEMORY_BLOCK, "pod-b": 8 * MEMORY_BLOCK}
+
+    # The guess was wrong both ways and was corrected both ways.
+    corrected = await node.tap.wait("alloc.corrected", 2, timeout=10)
+    assert {(r.data["previous_pod_uid"], r.data["pod_uid"]) for r in corrected} == {
+        (uid["pod-a"], uid["pod-b"]), (uid["pod-b"], uid["pod-a"])}
+
+    # The ledger: each pod's grant holds exactly the device IDs the kubelet gave it, and its memory.
+    snap = await node.snapshot()
+    by_pod = {a.pod_name: a for a in snap.allocations}
+    assert set(by_pod) == {"pod-a", "pod-b"}
+    for name in ("pod-a", "pod-b"):
+        alloc = by_pod[name]
+        assert alloc.pod_uid == uid[name]
+        assert sorted(alloc.device_ids) == sorted(node.sim.allocated_device_ids(uid[name], "main", RESOURCE_VCORE))
+        assert alloc.memory == want[name]
+        assert alloc.shares[0].memory == want[name]
+        assert alloc.response.annotations["tencent.com/vcuda-memory"] == str(want[name])
+        assert alloc.response.mounts[1].host_path == str(node.settings.vm_root / uid[name])
+        assert alloc.corrected_seq > 0
+    gpu_use = {g.index: g.memory_used for g in snap.gpus}
+    assert sum(gpu_use.values()) == 12 * MEMORY_BLOCK  # charged once each, not twice
+
+    # Replaying the log reproduces the corrected state.
+    replayed = LedgerState()
+    replay(node.settings.log_path, replayed.apply)
+    assert replayed.snapshot() == snap
+
+    # What the vmanager writes for each pod's container follows the corrected grant.
+    for name in ("pod-a", "pod-b"):
+        vm_dir = node.settings.vm_root / uid[name]
+        await register_vdevice(str(vm_dir / "vcuda.sock"), pod_uid=uid[name], container_name="main", timeout=5)
+        cfg = decode((vm_dir / "main" / "vcuda.config").read_bytes())
+        assert (cfg.pod_uid, cfg.gpu_memory, cfg.utilization) == (uid[name], want[name], 50)
+
+    # The pods carry the allocator's choice for the scheduler extender, assigned after PreStart.
+    for name in ("pod-a", "pod-b"):
+        minor = str(by_pod[name].shares[0].minor)
+        pod = await node.sim.wait_for_pod(
+            "default", name, lambda p, m=minor: p["metadata"].get("annotations", {}).get(
+                "tencent.com/gpu-assigned") == "true"
+            and p["metadata"]["annotations"].get("tencent.com/predicate-gpu-idx-0") == m, 15)
+        assert pod["metadata"]["annotations"]["tencent.com/predicate-gpu-idx-0"] == minor
