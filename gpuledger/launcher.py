@@ -37,6 +37,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "ALLOCATE_TIMEOUT": str(settings.allocate_timeout), "REQUEST_TIMEOUT": str(settings.request_timeout),
         "LOG_FORMAT": settings.log_format, "LOG_LEVEL": settings.log_level,
         "IDENTITY_CHECK_PERIOD": str(settings.identity_check_period),  # issue 3
+        "EXTRA_CONFIG": settings.extra_config,  # issue 3
     }
     return {f"GPULEDGER_{k}": v for k, v in values.items()}
 

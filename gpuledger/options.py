@@ -65,6 +65,9 @@ def agent_options(fn: F) -> F:
              show_default=True,
              help="Seconds between checks of every grant against the kubelet's pod-resources record "
                   "(0: only at PreStartContainer)."),
+        _opt("--extra-config", env="GPULEDGER_EXTRA_CONFIG", default="",
+             help='gpu-manager\'s extra config JSON ({"default": {"devices": [...]}}): device nodes added to '
+                  "every Allocate response."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)

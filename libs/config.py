@@ -43,6 +43,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # issue 3: pod identity from the kubelet's pod-resources API, checked at PreStartContainer and every
     # identity_check_period seconds (0: only at PreStartContainer)
     identity_check_period: float = 30.0
+    extra_config: str = ""  # gpu-manager's --extra-config JSON; its "default" devices go into every response
 
     def __post_init__(self) -> None:
         if not self.node_name:

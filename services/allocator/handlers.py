@@ -40,6 +40,7 @@ from libs.ledger.state import Allocation, GpuUsage, LedgerState
 from libs.log import get_logger
 from libs.store.log import EventLog
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
+from services.allocator.extraconfig import default_devices
 from services.allocator.identity import misattributed, plan_corrections, suspects
 from services.allocator.matching import Candidate, find_candidate
 from services.allocator.placement import place
@@ -66,6 +67,7 @@ class Allocator:
         self.kubelet = kubelet
         self.annotations = annotations or AnnotationWriter(None, state.pod_allocations)
         self.corrections = 0
+        self.extra_devices = default_devices(settings.extra_config)
         self._kubelet_warned = False
 
     async def serve(self) -> None:
@@ -128,7 +130,7 @@ class Allocator:
         response = build_response(
             shares=shares, cores=cores, memory=memory, pod_uid=pod.uid,
             vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-            compat32=(container.env_value("compat32") or "").lower() == "true",
+            compat32=(container.env_value("compat32") or "").lower() == "true", extra_devices=self.extra_devices,
         )
         if time.time() > deadline:
             raise ServiceError(504, "the kubelet's deadline passed before the grant could be recorded")
@@ -275,7 +277,7 @@ class Allocator:
             try:
                 events = plan_corrections(self.state, wrong, share_mode=self.settings.share_mode,
                                           vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-                                          reason=reason)
+                                          extra_devices=self.extra_devices, reason=reason)
             except ServiceError as exc:
                 raise ServiceError(409, f"PreStartContainer check failed, {exc.message}") from exc
             await self._append(list(events))

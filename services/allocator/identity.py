@@ -91,6 +91,7 @@ def plan_corrections(
     vm_root: Path,
     vdriver_root: Path,
     reason: str,
+    extra_devices: Sequence[str] = (),
 ) -> list[AllocationCorrected]:
     """The events that move every misattributed grant to its real owner, all or nothing.
 
@@ -113,6 +114,7 @@ def plan_corrections(
         response = build_response(
             shares=shares, cores=alloc.cores, memory=memory, pod_uid=pod.uid, vm_root=vm_root,
             vdriver_root=vdriver_root, compat32=(w.container.env_value("compat32") or "").lower() == "true",
+            extra_devices=extra_devices,
         )
         events.append(AllocationCorrected(
             alloc_id=alloc.alloc_id, pod_uid=pod.uid, namespace=pod.metadata.namespace,
