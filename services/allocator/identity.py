@@ -41,11 +41,17 @@ def suspects(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> l
     out = []
     for alloc in sorted(state.allocations.values(), key=lambda a: a.granted_seq):
         holder = found.get(frozenset(alloc.device_ids))
-        if holder is not None and (holder.namespace, holder.pod_name, holder.container) != (
-            alloc.namespace, alloc.pod_name, alloc.container
-        ):
+        if holder is None or _reused(alloc, holder):
+            continue
+        if (holder.namespace, holder.pod_name, holder.container) != (alloc.namespace, alloc.pod_name, alloc.container):
             out.append(alloc)
     return out
+
+
+def _reused(alloc: Allocation, holder: DeviceHolder) -> bool:
+    """An ordinary init container's devices, listed under the later container of the same pod that
+    reused them (pod-resources never lists ordinary init containers themselves)."""
+    return alloc.init_container and (holder.namespace, holder.pod_name) == (alloc.namespace, alloc.pod_name)
 
 
 def _locate(pod: Pod, name: str) -> tuple[Container, int, bool] | None:
@@ -70,7 +76,7 @@ def misattributed(
     out = []
     for alloc in sorted(state.allocations.values(), key=lambda a: a.granted_seq):
         holder = found.get(frozenset(alloc.device_ids))
-        if holder is None:
+        if holder is None or _reused(alloc, holder):
             continue
         pod = by_key.get((holder.namespace, holder.pod_name))
         if pod is None or (pod.uid, holder.container) == (alloc.pod_uid, alloc.container):
