@@ -32,8 +32,9 @@ async def _watchdog_sees(node: Node, names: set[str], timeout: float = 10) -> No
 
 
 async def test_pods_swapped_at_allocate_get_their_own_limits(node: Node) -> None:
-    pod_a = gpu_pod("pod-a", ("main", 50, 4), annotations={"tencent.com/predicate-time": "1000"})
-    pod_b = gpu_pod("pod-b", ("main", 50, 8), annotations={"tencent.com/predicate-time": "2000"})
+    # 60 cores each: two such shares cannot sit on one GPU, so the two grants land on different GPUs.
+    pod_a = gpu_pod("pod-a", ("main", 60, 4), annotations={"tencent.com/predicate-time": "1000"})
+    pod_b = gpu_pod("pod-b", ("main", 60, 8), annotations={"tencent.com/predicate-time": "2000"})
     # Hold the simulated kubelet's admission until the allocator can see both pods: B is created
     # first, so the kubelet admits B first; A's earlier predicate time makes the allocator guess A.
     async with node.sim.kubelet.admission_lock:
@@ -66,8 +67,14 @@ async def test_pods_swapped_at_allocate_get_their_own_limits(node: Node) -> None
         assert alloc.response.annotations["tencent.com/vcuda-memory"] == str(want[name])
         assert alloc.response.mounts[1].host_path == str(node.settings.vm_root / uid[name])
         assert alloc.corrected_seq > 0
-    gpu_use = {g.index: g.memory_used for g in snap.gpus}
-    assert sum(gpu_use.values()) == 12 * MEMORY_BLOCK  # charged once each, not twice
+    # Each GPU is charged for the container that really runs on it: the one whose device node the
+    # kubelet hands over (from the Allocate response it stored for that container).
+    used = {g.minor: (g.cores_used, g.memory_used) for g in snap.gpus if g.cores_used}
+    for name in ("pod-a", "pod-b"):
+        devices = node.sim.container_run_options("default", name, "main")["devices"]
+        assert devices[0]["container_path"] == f"/dev/nvidia{by_pod[name].shares[0].minor}"
+        assert used[by_pod[name].shares[0].minor] == (60, want[name])
+    assert len(used) == 2
 
     # Replaying the log reproduces the corrected state.
     replayed = LedgerState()
@@ -79,7 +86,7 @@ async def test_pods_swapped_at_allocate_get_their_own_limits(node: Node) -> None
         vm_dir = node.settings.vm_root / uid[name]
         await register_vdevice(str(vm_dir / "vcuda.sock"), pod_uid=uid[name], container_name="main", timeout=5)
         cfg = decode((vm_dir / "main" / "vcuda.config").read_bytes())
-        assert (cfg.pod_uid, cfg.gpu_memory, cfg.utilization) == (uid[name], want[name], 50)
+        assert (cfg.pod_uid, cfg.gpu_memory, cfg.utilization) == (uid[name], want[name], 60)
 
     # The pods carry the allocator's choice for the scheduler extender, assigned after PreStart.
     for name in ("pod-a", "pod-b"):
@@ -89,3 +96,37 @@ async def test_pods_swapped_at_allocate_get_their_own_limits(node: Node) -> None
                 "tencent.com/gpu-assigned") == "true"
             and p["metadata"]["annotations"].get("tencent.com/predicate-gpu-idx-0") == m, 15)
         assert pod["metadata"]["annotations"]["tencent.com/predicate-gpu-idx-0"] == minor
+
+
+async def test_the_periodic_check_corrects_what_prestart_could_not_see(node: Node) -> None:
+    # pod-resources is down while the pods start, so PreStartContainer keeps the (wrong) guess;
+    # once it is back, the periodic reconciliation corrects the record.
+    assert node.sim.pod_resources is not None
+    await node.sim.pod_resources.stop()
+    async with node.sim.kubelet.admission_lock:
+        await node.sim.create_pod(gpu_pod("pod-b", ("main", 50, 8), annotations={"tencent.com/predicate-time": "2"}))
+        await node.sim.create_pod(gpu_pod("pod-a", ("main", 50, 4), annotations={"tencent.com/predicate-time": "1"}))
+        await _watchdog_sees(node, {"pod-a", "pod-b"})
+    uid = {}
+    for name in ("pod-a", "pod-b"):
+        pod = await node.sim.wait_for_pod("default", name, lambda p: p["status"].get("phase") == "Running", 20)
+        uid[name] = pod["metadata"]["uid"]
+    def kubelet_ids(name: str) -> list[str]:
+        return sorted(node.sim.allocated_device_ids(uid[name], "main", RESOURCE_VCORE))
+
+    snap = await node.snapshot()  # the guess stood: each record holds the other pod's devices
+    assert {a.pod_name: sorted(a.device_ids) for a in snap.allocations} == {
+        "pod-a": kubelet_ids("pod-b"), "pod-b": kubelet_ids("pod-a")}
+
+    await node.sim.pod_resources.start()
+    allocator = node.services["allocator"].handlers
+    loop = asyncio.create_task(allocator.reconcile_forever(0.2))
+    try:
+        await node.tap.wait("alloc.corrected", 2, timeout=15)
+    finally:
+        loop.cancel()
+    snap = await node.snapshot()
+    assert {a.pod_name: a.memory for a in snap.allocations} == {"pod-a": 4 * MEMORY_BLOCK, "pod-b": 8 * MEMORY_BLOCK}
+    assert {r.data["reason"] for r in node.tap.of("alloc.corrected")} == {"reconcile"}
+    assert {a.pod_name: sorted(a.device_ids) for a in snap.allocations} == {
+        "pod-a": kubelet_ids("pod-a"), "pod-b": kubelet_ids("pod-b")}
