@@ -96,15 +96,37 @@ def pod(i: int) -> dict:
                 "tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"}}}]}}
 
 
-async def allocate_path(n: int, warmup: int, workdir: Path) -> list[float]:
+def allocator_profile(log: Path, warmup: int) -> dict[str, object]:
+    """p50/p99 of the allocator's own step timings, from its "granted" log lines."""
+    rows = []
+    for line in log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "granted" and "lookup_ms" in rec:
+            rows.append(rec)
+    rows = rows[warmup:]
+    out: dict[str, object] = {"n": len(rows)}
+    for key in ("lookup_ms", "append_ms"):
+        values = [float(r[key]) for r in rows]
+        if values:
+            out[key] = {"p50": round(percentile(values, 0.5), 3), "p99": round(percentile(values, 0.99), 3)}
+    out["lookups"] = {k: sum(1 for r in rows if r["lookups"] == k) for k in sorted({r["lookups"] for r in rows})}
+    return out
+
+
+async def allocate_path(n: int, warmup: int, workdir: Path, *, profile: bool = False) -> list[float]:
     nats = NatsServer(workdir / "nats")
     await nats.start()
     sim = NodeSimulator(SimConfig(node_name="bench-node", device_plugin_dir=workdir / "dp",
+                                  pod_resources_socket=workdir / "pr" / "kubelet.sock",
                                   kubeconfig_path=workdir / "kubeconfig", seed=1))
     await sim.start()
     settings = Settings(node_name="bench-node", state_dir=str(workdir / "state"), device_plugin_dir=str(workdir / "dp"),
+                        pod_resources_socket=str(workdir / "pr" / "kubelet.sock"),
                         kubeconfig=str(workdir / "kubeconfig"), nats_url=nats.url, gpus="fake",
-                        log_format="json", log_level="warning")
+                        log_format="json", log_level="info" if profile else "warning")
     launcher = Launcher(settings, embedded_nats=False, log_dir=workdir / "logs")
     await launcher.start_services()
     try:
@@ -123,6 +145,9 @@ async def allocate_path(n: int, warmup: int, workdir: Path) -> list[float]:
         return [c.end - c.start for c in calls][warmup:]  # type: ignore[operator]
     finally:
         await launcher.stop()
+        if profile:
+            print(json.dumps({"allocator": allocator_profile(workdir / "logs" / "allocator.log", warmup)}),
+                  file=sys.stderr)
         await sim.stop()
         await nats.stop()
 
@@ -133,13 +158,15 @@ async def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--echo", type=int, default=2000)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="log at info and print the allocator's own step timings (adds logging cost)")
     args = parser.parse_args()
     configure_logging("bench", fmt="console", level="warning")
     workdir = Path(tempfile.mkdtemp(prefix="glb", dir="/tmp"))
     floor = summary("grpc echo over a unix socket (floor)", await grpc_echo(args.echo, workdir))
     print("  floor measured", file=sys.stderr, flush=True)
     path = summary("Allocate: sim -> registrar -> allocator -> log -> reply",
-                   await allocate_path(args.pods, args.warmup, workdir))
+                   await allocate_path(args.pods, args.warmup, workdir, profile=args.profile))
     results = {"machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
                "rows": [path, floor], "ratio_p50": round(path["p50_ms"] / floor["p50_ms"], 1)}  # type: ignore[operator]
     print("| measurement | n | p50 ms | p99 ms | mean ms |\n|---|---:|---:|---:|---:|")

@@ -19,9 +19,12 @@ from libs.store import EventLog
 from services.allocator.extender import AnnotationWriter
 from services.allocator.handlers import Allocator
 from services.allocator.inventory import inventory_event
+from services.allocator.podcache import PodCache
 from services.allocator.podresources import KubeletPodResources
 
 __all__ = ["AllocatorService", "service"]
+
+_POD_RESYNC = 30.0  # seconds between full resyncs of the allocator's pod cache from the watchdog
 
 
 @dataclass
@@ -61,10 +64,14 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         else:
             stack.push_async_callback(client.close)
         annotations = AnnotationWriter(client, state.pod_allocations)
-        handlers = Allocator(settings, events, state, bus, kubelet=kubelet, annotations=annotations)
+        pod_cache = PodCache(bus)
+        await pod_cache.start(timeout=min(1.0, settings.request_timeout))
+        handlers = Allocator(settings, events, state, bus, kubelet=kubelet, annotations=annotations,
+                             pod_cache=pod_cache)
         relay = Relay(bus, events)
         supervisor.spawn(relay.run(), "relay")
         supervisor.spawn(annotations.run(), "annotations")
+        supervisor.spawn(pod_cache.resync_forever(_POD_RESYNC, settings.request_timeout), "pod-cache")
         if settings.identity_check_period > 0:
             supervisor.spawn(handlers.reconcile_forever(settings.identity_check_period), "identity-check")
         await handlers.serve()

@@ -44,6 +44,7 @@ from services.allocator.extraconfig import default_devices
 from services.allocator.identity import misattributed, plan_corrections, suspects
 from services.allocator.matching import Candidate, find_candidate
 from services.allocator.placement import place
+from services.allocator.podcache import PodCache
 from services.allocator.podresources import DeviceHolder, KubeletPodResources, PodResourcesUnavailable
 from services.allocator.prestart import check_allocation
 from services.allocator.responses import build_response
@@ -51,6 +52,7 @@ from services.allocator.responses import build_response
 __all__ = ["Allocator"]
 
 _VCORE_ID = re.compile(r"^tencent\.com/vcuda-core-(\d+)$")
+_NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notification before asking
 _log = get_logger("allocator")
 
 
@@ -58,6 +60,7 @@ class Allocator:
     def __init__(
         self, settings: Settings, log: EventLog, state: LedgerState, bus: Bus, *,
         kubelet: KubeletPodResources | None = None, annotations: AnnotationWriter | None = None,
+        pod_cache: PodCache | None = None,
     ) -> None:
         self.settings = settings
         self.log = log
@@ -65,6 +68,7 @@ class Allocator:
         self.bus = bus
         self.lock = asyncio.Lock()
         self.kubelet = kubelet
+        self.pod_cache = pod_cache
         self.annotations = annotations or AnnotationWriter(None, state.pod_allocations)
         self.corrections = 0
         self.extra_devices = default_devices(settings.extra_config)
@@ -99,11 +103,29 @@ class Allocator:
             return _reply(earlier)
         deadline = req.deadline or time.time() + self.settings.allocate_timeout
         cores = len(req.device_ids)
-        # First the watchdog's cache; on a miss at once the API server itself (the kubelet admits a
+        started, lookups = time.perf_counter(), 0
+        if self.pod_cache is not None:
+            # Our copy of the watchdog's notifications: no request at all when the pod is in; when
+            # not, its watch event is usually a few ms behind the kubelet's Allocate, so wait for
+            # the next notifications (briefly) rather than list.
+            until = time.monotonic() + _NOTIFICATION_WAIT
+            while True:
+                lookups += 1
+                version = self.pod_cache.version
+                async with self.lock:
+                    candidate = find_candidate(self.pod_cache.pending(), self.state, cores)
+                    if candidate is not None:
+                        return await self._grant(req, candidate, deadline, timing={
+                            "lookups": lookups, "lookup_ms": round((time.perf_counter() - started) * 1000, 2)})
+                left = until - time.monotonic()
+                if left <= 0 or not await self.pod_cache.wait_for_change(version, left):
+                    break
+        # Then the watchdog's cache; on a miss at once the API server itself (the kubelet admits a
         # pod as soon as it sees it, often before the watch event reaches the watchdog); then the
         # same with growing pauses until the kubelet's deadline.
         delay, fresh = 0.0, False
         while True:
+            lookups += 1
             try:
                 pods = await self._pending_pods(fresh=fresh)
             except ServiceError as exc:
@@ -113,7 +135,9 @@ class Allocator:
                 async with self.lock:
                     candidate = find_candidate(pods, self.state, cores)
                     if candidate is not None:
-                        return await self._grant(req, candidate, deadline)
+                        found = time.perf_counter()
+                        return await self._grant(req, candidate, deadline, timing={
+                            "lookups": lookups, "lookup_ms": round((found - started) * 1000, 2)})
             # The pod may not have reached the watchdog's cache yet: ask the API server directly next.
             if time.time() + delay > deadline - 0.5:
                 raise unavailable or ServiceError(
@@ -122,7 +146,9 @@ class Allocator:
             delay = min(delay * 2, 0.5) if delay else (0.05 if fresh else 0.0)
             fresh = True
 
-    async def _grant(self, req: AllocateRequest, cand: Candidate, deadline: float) -> AllocateReply:
+    async def _grant(
+        self, req: AllocateRequest, cand: Candidate, deadline: float, timing: dict[str, float] | None = None,
+    ) -> AllocateReply:
         pod, container = cand.pod, cand.container
         cores = len(req.device_ids)
         memory = container.vmemory * MEMORY_BLOCK
@@ -141,10 +167,12 @@ class Allocator:
             cores=cores, memory=memory, device_ids=tuple(req.device_ids), shares=shares,
             core_limit=core_limit(pod), response=response,
         )
+        appending = time.perf_counter()
         stored = await self._append([event], command_id=req.request_id)
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
         _log.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
-                  gpus=[s.index for s in shares], seq=stored[0].seq, request_id=req.request_id)
+                  gpus=[s.index for s in shares], seq=stored[0].seq, request_id=req.request_id,
+                  append_ms=round((time.perf_counter() - appending) * 1000, 2), **(timing or {}))
         if not is_predicated(pod):
             # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply).
             self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False)
@@ -227,8 +255,14 @@ class Allocator:
             pods = [p for p in await self._pods(PodsRequest(uid=alloc.pod_uid, fresh=True)) if is_active(p)]
         if not pods:
             raise ServiceError(404, f"PreStartContainer check failed, failed to get pod {alloc.pod_uid} in watchdog")
-        problem = check_allocation(alloc, pods[0], cores=len(req.device_ids),
-                                   vmemory=holder.vmemory if holder is not None else None)
+        # The memory limit comes from the pod spec (as in gpu-manager); the kubelet's vmemory count
+        # normally equals it, but a kubelet that admitted the pod before vmemory was registered
+        # holds none, which is worth a warning, not a failed pod.
+        problem = check_allocation(alloc, pods[0], cores=len(req.device_ids), vmemory=None)
+        if holder is not None and holder.vmemory * MEMORY_BLOCK != alloc.memory:
+            _log.warning("the kubelet holds a different vmemory count than the pod spec asks for",
+                         pod=f"{alloc.namespace}/{alloc.pod_name}", container=alloc.container,
+                         kubelet_blocks=holder.vmemory, recorded_bytes=alloc.memory)
         if problem is not None:
             message = f"PreStartContainer check failed, {problem}"
             await self._fail_pod(alloc, message)

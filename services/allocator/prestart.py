@@ -1,8 +1,8 @@
 """gpu-manager's preStartContainerCheck (gpu-manager-reference.md 3.9, step 3), as a pure function.
 
 Before a container starts, its grant must match what the kubelet holds for it: the cores equal the
-number of vcore device IDs, the memory equals the vmemory device count x 256 MiB (from pod-resources,
-else from the pod spec, which is where the kubelet's count came from), and the GPU count is exactly 1
+number of vcore device IDs, the memory equals the vmemory count x 256 MiB (given, or from the pod
+spec, which is where the kubelet's count came from), and the GPU count is exactly 1
 below 100 cores and cores/100 from 100 on. The caller prefixes "PreStartContainer check failed, " so
 that tools which look for that text (gpu-manager's ShouldDelete) recognise the failure.
 """

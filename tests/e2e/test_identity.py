@@ -22,11 +22,12 @@ from tests.e2e.conftest import Node, gpu_pod
 
 
 async def _watchdog_sees(node: Node, names: set[str], timeout: float = 10) -> None:
-    """Wait (bounded) until the watchdog's pod cache holds these pending pods."""
+    """Wait (bounded) until the watchdog's pod cache, and the allocator's copy, hold these pods."""
+    cache = node.services["allocator"].handlers.pod_cache
     async with asyncio.timeout(timeout):
         while True:
             reply = await node.bus.request(node.bus.subjects.pods, PodsRequest(phase="Pending"), PodsReply, timeout=5)
-            if names <= {p.metadata.name for p in reply.pods}:
+            if names <= {p.metadata.name for p in reply.pods} and names <= {p.metadata.name for p in cache.pending()}:
                 return
             await asyncio.sleep(0.05)
 
