@@ -108,8 +108,8 @@ def allocator_profile(log: Path, warmup: int) -> dict[str, object]:
             rows.append(rec)
     rows = rows[warmup:]
     out: dict[str, object] = {"n": len(rows)}
-    for key in ("lookup_ms", "append_ms"):
-        values = [float(r[key]) for r in rows]
+    for key in ("lookup_ms", "append_ms", "total_ms"):
+        values = [float(r[key]) for r in rows if key in r]
         if values:
             out[key] = {"p50": round(percentile(values, 0.5), 3), "p99": round(percentile(values, 0.99), 3)}
     out["lookups"] = {k: sum(1 for r in rows if r["lookups"] == k) for k in sorted({r["lookups"] for r in rows})}

@@ -104,25 +104,11 @@ class Allocator:
         deadline = req.deadline or time.time() + self.settings.allocate_timeout
         cores = len(req.device_ids)
         started, lookups = time.perf_counter(), 0
-        if self.pod_cache is not None:
-            # Our copy of the watchdog's notifications: no request at all when the pod is in; when
-            # not, its watch event is usually a few ms behind the kubelet's Allocate, so wait for
-            # the next notifications (briefly) rather than list.
-            until = time.monotonic() + _NOTIFICATION_WAIT
-            while True:
-                lookups += 1
-                version = self.pod_cache.version
-                async with self.lock:
-                    candidate = find_candidate(self.pod_cache.pending(), self.state, cores)
-                    if candidate is not None:
-                        return await self._grant(req, candidate, deadline, timing={
-                            "lookups": lookups, "lookup_ms": round((time.perf_counter() - started) * 1000, 2)})
-                left = until - time.monotonic()
-                if left <= 0 or not await self.pod_cache.wait_for_change(version, left):
-                    break
-        # Then the watchdog's cache; on a miss at once the API server itself (the kubelet admits a
-        # pod as soon as it sees it, often before the watch event reaches the watchdog); then the
-        # same with growing pauses until the kubelet's deadline.
+        if self.pod_cache is not None and (reply := await self._grant_notified(req, deadline, started)):
+            return reply
+        # Not there after the short wait (a lost notification, a pod the cache never saw): ask the
+        # watchdog's cache, then at once the API server itself through the watchdog; then the same
+        # with growing pauses until the kubelet's deadline.
         delay, fresh = 0.0, False
         while True:
             lookups += 1
@@ -137,7 +123,7 @@ class Allocator:
                     if candidate is not None:
                         found = time.perf_counter()
                         return await self._grant(req, candidate, deadline, timing={
-                            "lookups": lookups, "lookup_ms": round((found - started) * 1000, 2)})
+                            "lookups": lookups, "lookup_ms": round((found - started) * 1000, 2), "started": started})
             # The pod may not have reached the watchdog's cache yet: ask the API server directly next.
             if time.time() + delay > deadline - 0.5:
                 raise unavailable or ServiceError(
@@ -145,6 +131,28 @@ class Allocator:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5) if delay else (0.05 if fresh else 0.0)
             fresh = True
+
+    async def _grant_notified(self, req: AllocateRequest, deadline: float, started: float) -> AllocateReply | None:
+        """Match against our copy of the watchdog's notifications: no request at all when the pod is
+        in. When it is not (the kubelet admits a pod before its watch event has gone through the
+        watchdog), wait for the next notifications, for at most a short while; None after that."""
+        cache = self.pod_cache
+        assert cache is not None
+        cores = len(req.device_ids)
+        until = time.monotonic() + _NOTIFICATION_WAIT
+        lookups = 0
+        while True:
+            lookups += 1
+            version = cache.version
+            async with self.lock:
+                candidate = find_candidate(cache.pending(), self.state, cores)
+                if candidate is not None:
+                    return await self._grant(req, candidate, deadline, timing={
+                        "lookups": lookups, "lookup_ms": round((time.perf_counter() - started) * 1000, 2),
+                        "started": started})
+            left = until - time.monotonic()
+            if left <= 0 or not await cache.wait_for_change(version, left):
+                return None
 
     async def _grant(
         self, req: AllocateRequest, cand: Candidate, deadline: float, timing: dict[str, float] | None = None,
@@ -170,9 +178,13 @@ class Allocator:
         appending = time.perf_counter()
         stored = await self._append([event], command_id=req.request_id)
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
+        done = time.perf_counter()
+        timing = dict(timing or {})
+        if "started" in timing:
+            timing["total_ms"] = round((done - timing.pop("started")) * 1000, 2)
         _log.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
                   gpus=[s.index for s in shares], seq=stored[0].seq, request_id=req.request_id,
-                  append_ms=round((time.perf_counter() - appending) * 1000, 2), **(timing or {}))
+                  append_ms=round((done - appending) * 1000, 2), **timing)
         if not is_predicated(pod):
             # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply).
             self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False)

@@ -103,7 +103,10 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         timeout = self.settings.allocate_timeout
         req = AllocateRequest(request_id=uuid.uuid4().hex, resource=self.resource, device_ids=ids,
                               deadline=time.time() + timeout)
+        asked = time.perf_counter()
         reply = await self._ask(context, self.bus.subjects.allocate, req, AllocateReply, timeout)
+        _log.debug("allocated", pod=f"{reply.namespace}/{reply.pod_name}", container=reply.container,
+                   allocator_ms=round((time.perf_counter() - asked) * 1000, 2))
         return pb.AllocateResponse(container_responses=[to_proto(reply.response)])
 
     async def PreStartContainer(
