@@ -15,7 +15,13 @@ import msgspec
 
 from libs.config import MIB
 from libs.events.codec import StoredEvent, format_time, to_record
-from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, InventoryRecorded
+from libs.events.schema import (
+    AllocationCorrected,
+    AllocationGranted,
+    AllocationRefused,
+    AllocationReleased,
+    InventoryRecorded,
+)
 from libs.ledger.state import LedgerSnapshot, LedgerState
 from libs.store import iter_events, open_reader, replay
 
@@ -30,6 +36,9 @@ def summary(stored: StoredEvent) -> str:
                 f"memory={ev.memory // MIB}MiB on {gpus}")
     if isinstance(ev, AllocationReleased):
         return f"pod={ev.pod_uid} container={ev.container} reason={ev.reason}"
+    if isinstance(ev, AllocationCorrected):  # issue 3
+        return (f"{ev.namespace}/{ev.pod_name} container={ev.container} memory={ev.memory // MIB}MiB "
+                f"(was pod={ev.previous_pod_uid} container={ev.previous_container}; {ev.reason})")
     if isinstance(ev, AllocationRefused):
         return f"{ev.device_count} x {ev.resource}: {ev.reason}"
     if isinstance(ev, InventoryRecorded):
