@@ -45,7 +45,12 @@ from services.allocator.identity import misattributed, plan_corrections, suspect
 from services.allocator.matching import Candidate, find_candidate
 from services.allocator.placement import place
 from services.allocator.podcache import PodCache
-from services.allocator.podresources import DeviceHolder, KubeletPodResources, PodResourcesUnavailable
+from services.allocator.podresources import (
+    DeviceHolder,
+    KubeletPodResources,
+    KubeletRecord,
+    PodResourcesUnavailable,
+)
 from services.allocator.prestart import check_allocation
 from services.allocator.responses import build_response
 
@@ -102,9 +107,38 @@ class Allocator:
         if earlier is not None:  # a retried request whose reply was lost
             return _reply(earlier)
         deadline = req.deadline or time.time() + self.settings.allocate_timeout
+        started = time.perf_counter()
+        # First ask the kubelet which pods it has taken up: it admits one pod at a time, so only a
+        # pod it knows and has not given devices to yet can be the one asking (pod-resources List).
+        view = asyncio.create_task(self._kubelet_view())
+        try:
+            await asyncio.wait({view}, timeout=self.settings.request_timeout)
+            return await self._lookup_and_grant(req, deadline, started, view)
+        finally:
+            view.cancel()
+
+    async def _kubelet_view(self) -> KubeletRecord | None:
+        if self.kubelet is None:
+            return None
+        try:
+            return await self.kubelet.list()
+        except PodResourcesUnavailable:
+            return None  # (verify_identity warns about it) the guess alone then
+
+    def _candidate(self, pods: list[Pod], cores: int, view: asyncio.Task[KubeletRecord | None]) -> Candidate | None:
+        """The guess, among the pods the kubelet may be admitting when it said which (without its
+        answer, among all pending pods, as gpu-manager); call with the lock held."""
+        record = view.result() if view.done() and not view.cancelled() else None
+        if record is not None:
+            pods = [p for p in pods if record.admitting(p)]
+        return find_candidate(pods, self.state, cores)
+
+    async def _lookup_and_grant(
+        self, req: AllocateRequest, deadline: float, started: float, view: asyncio.Task[KubeletRecord | None],
+    ) -> AllocateReply:
         cores = len(req.device_ids)
-        started, lookups = time.perf_counter(), 0
-        if self.pod_cache is not None and (reply := await self._grant_notified(req, deadline, started)):
+        lookups = 0
+        if self.pod_cache is not None and (reply := await self._grant_notified(req, deadline, started, view)):
             return reply
         # Not there after the short wait (a lost notification, a pod the cache never saw): ask the
         # watchdog's cache, then at once the API server itself through the watchdog; then the same
@@ -119,7 +153,7 @@ class Allocator:
             else:
                 unavailable = None
                 async with self.lock:
-                    candidate = find_candidate(pods, self.state, cores)
+                    candidate = self._candidate(pods, cores, view)
                     if candidate is not None:
                         found = time.perf_counter()
                         return await self._grant(req, candidate, deadline, timing={
@@ -132,7 +166,9 @@ class Allocator:
             delay = min(delay * 2, 0.5) if delay else (0.05 if fresh else 0.0)
             fresh = True
 
-    async def _grant_notified(self, req: AllocateRequest, deadline: float, started: float) -> AllocateReply | None:
+    async def _grant_notified(
+        self, req: AllocateRequest, deadline: float, started: float, view: asyncio.Task[KubeletRecord | None],
+    ) -> AllocateReply | None:
         """Match against our copy of the watchdog's notifications: no request at all when the pod is
         in. When it is not (the kubelet admits a pod before its watch event has gone through the
         watchdog), wait for the next notifications, for at most a short while; None after that."""
@@ -145,7 +181,7 @@ class Allocator:
             lookups += 1
             version = cache.version
             async with self.lock:
-                candidate = find_candidate(cache.pending(), self.state, cores)
+                candidate = self._candidate(cache.pending(), cores, view)
                 if candidate is not None:
                     return await self._grant(req, candidate, deadline, timing={
                         "lookups": lookups, "lookup_ms": round((time.perf_counter() - started) * 1000, 2),
@@ -303,7 +339,7 @@ class Allocator:
         if self.kubelet is None:
             return None
         try:
-            found = await self.kubelet.list()
+            found = (await self.kubelet.list()).holders
         except PodResourcesUnavailable as exc:
             if not self._kubelet_warned:
                 _log.warning("pod-resources unavailable: keeping the Allocate-time guess of pods", error=str(exc))

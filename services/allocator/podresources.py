@@ -15,11 +15,11 @@ import grpc
 import grpc.aio
 import msgspec
 
-from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
+from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, Pod
 from libs.kubelet.podresources.v1 import api_pb2 as pr
 from libs.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 
-__all__ = ["DeviceHolder", "KubeletPodResources", "PodResourcesUnavailable", "holders"]
+__all__ = ["DeviceHolder", "KubeletPodResources", "KubeletRecord", "PodResourcesUnavailable", "holders"]
 
 
 class PodResourcesUnavailable(Exception):
@@ -58,6 +58,39 @@ def holders(listing: pr.ListPodResourcesResponse) -> dict[frozenset[str], Device
     return out
 
 
+class KubeletRecord(msgspec.Struct, frozen=True):
+    """One pod-resources ``List``: who holds which vcore IDs, and which listed containers hold any."""
+
+    holders: dict[frozenset[str], DeviceHolder]
+    # (namespace, pod name) -> container -> holds vcore devices. The kubelet lists the pods it has
+    # taken up (admitted, or being admitted right now), app containers and sidecars only.
+    containers: dict[tuple[str, str], dict[str, bool]]
+
+    def admitting(self, pod: Pod) -> bool:
+        """Whether the kubelet may be admitting this pod now: it knows the pod and some GPU
+        container of it holds no vcore devices yet (or it has GPU init containers, which the
+        kubelet never lists)."""
+        listed = self.containers.get((pod.metadata.namespace, pod.metadata.name))
+        if listed is None:
+            return False
+        inits = pod.spec.init_containers
+        if any(c.vcore > 0 and c.restart_policy != "Always" for c in inits):
+            return True
+        shown = [c for c in inits if c.restart_policy == "Always"] + list(pod.spec.containers)
+        return any(c.vcore > 0 and not listed.get(c.name, False) for c in shown)
+
+
+def record(listing: pr.ListPodResourcesResponse) -> KubeletRecord:
+    containers = {
+        (pod.namespace, pod.name): {
+            ctr.name: any(d.resource_name == RESOURCE_VCORE and d.device_ids for d in ctr.devices)
+            for ctr in pod.containers
+        }
+        for pod in listing.pod_resources
+    }
+    return KubeletRecord(holders=holders(listing), containers=containers)
+
+
 class KubeletPodResources:
     def __init__(self, socket: str, *, timeout: float) -> None:
         self.socket = socket
@@ -71,7 +104,7 @@ class KubeletPodResources:
             self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
         return pr_grpc.PodResourcesListerStub(self._channel)
 
-    async def list(self) -> dict[frozenset[str], DeviceHolder]:
+    async def list(self) -> KubeletRecord:
         stub = self._stub()
         try:
             listing = await stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
@@ -79,7 +112,7 @@ class KubeletPodResources:
             await self._reset()  # the kubelet may have restarted: dial afresh next time
             raise PodResourcesUnavailable(
                 f"pod-resources List on {self.socket} failed: {exc.code().name} {exc.details()}") from exc
-        return holders(listing)
+        return record(listing)
 
     async def _reset(self) -> None:
         if self._channel is not None:

@@ -1,10 +1,12 @@
-"""Authoritative pod identity: a wrong Allocate-time guess is corrected from the kubelet's pod-resources.
+"""Authoritative pod identity from the kubelet's pod-resources API.
 
-Two pods ask for the same 50 vcuda-core but different memory. The kubelet admits pod B first (it was
-created first) while pod A carries the earlier ``tencent.com/predicate-time``, so the allocator, which
-like gpu-manager cannot tell equal requests apart, gives B's devices to A and A's devices to B. At
-PreStartContainer the kubelet's pod-resources record names the real holders: both grants move, each
-pod ends up with its own memory limit in the log, in the pod annotations and in vcuda.config.
+Two pods ask for the same 60 vcuda-core but different memory. The kubelet admits pod B first (it was
+created first) while pod A carries the earlier ``tencent.com/predicate-time``: gpu-manager, which
+cannot tell equal requests apart, gives B's devices to A and A's devices to B (its issue #109).
+- At Allocate, pod-resources lists only the pods the kubelet has taken up, so the guess is right.
+- Without it, the guess is wrong; the next PreStartContainer, or the periodic check, reads the
+  kubelet's record and moves both grants: each pod ends up with its own memory limit in the log,
+  on the right GPU, in the pod annotations and in vcuda.config.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from libs.store import replay
 from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode
 from tests.e2e.conftest import Node, gpu_pod
+from tests.e2e.test_prestart import prestart
 
 
 async def _watchdog_sees(node: Node, names: set[str], timeout: float = 10) -> None:
@@ -32,12 +35,14 @@ async def _watchdog_sees(node: Node, names: set[str], timeout: float = 10) -> No
             await asyncio.sleep(0.05)
 
 
-async def test_pods_swapped_at_allocate_get_their_own_limits(node: Node) -> None:
+async def _opposite_order(node: Node) -> tuple[dict[str, str], dict[str, int]]:
+    """Pods B then A, equal cores, A with the earlier predicate time; both Running. (uids, memory)"""
     # 60 cores each: two such shares cannot sit on one GPU, so the two grants land on different GPUs.
     pod_a = gpu_pod("pod-a", ("main", 60, 4), annotations={"tencent.com/predicate-time": "1000"})
     pod_b = gpu_pod("pod-b", ("main", 60, 8), annotations={"tencent.com/predicate-time": "2000"})
     # Hold the simulated kubelet's admission until the allocator can see both pods: B is created
-    # first, so the kubelet admits B first; A's earlier predicate time makes the allocator guess A.
+    # first, so the kubelet admits B first, while A's earlier predicate time puts A first for a
+    # gpu-manager style guess.
     async with node.sim.kubelet.admission_lock:
         await node.sim.create_pod(pod_b)
         await node.sim.create_pod(pod_a)
@@ -48,12 +53,46 @@ async def test_pods_swapped_at_allocate_get_their_own_limits(node: Node) -> None
             "default", name, lambda p: p["status"].get("phase") in ("Running", "Failed"), 20)
         assert running[name]["status"]["phase"] == "Running", running[name]["status"]
     uid = {name: p["metadata"]["uid"] for name, p in running.items()}
-    want = {"pod-a": 4 * MEMORY_BLOCK, "pod-b": 8 * MEMORY_BLOCK}
+    return uid, {"pod-a": 4 * MEMORY_BLOCK, "pod-b": 8 * MEMORY_BLOCK}
+
+
+async def test_the_kubelets_admission_order_decides_at_allocate(node: Node) -> None:
+    # The kubelet's pod-resources lists only the pods it has taken up: while it admits B, A is not
+    # known yet, so B gets B's grant at once (gpu-manager would give it A's, issue #109) and what
+    # the kubelet hands each container is right from the start.
+    uid, want = await _opposite_order(node)
+    snap = await node.snapshot()
+    assert not node.tap.of("alloc.corrected")
+    for alloc in snap.allocations:
+        name = alloc.pod_name
+        assert alloc.pod_uid == uid[name] and alloc.memory == want[name]
+        assert sorted(alloc.device_ids) == sorted(node.sim.allocated_device_ids(uid[name], "main", RESOURCE_VCORE))
+        given = node.sim.container_run_options("default", name, "main")
+        assert given["annotations"]["tencent.com/vcuda-memory"] == str(want[name])
+        assert {m["container_path"]: m["host_path"] for m in given["mounts"]}["/etc/vcuda"] == str(
+            node.settings.vm_root / uid[name])
+    assert {a.pod_name for a in snap.allocations} == {"pod-a", "pod-b"}
+
+
+async def test_a_wrong_guess_is_corrected_at_prestart(node: Node) -> None:
+    # Without pod-resources during admission the allocator guesses as gpu-manager does, and gets
+    # both pods wrong. At the next PreStartContainer (a container restart) the kubelet's record is
+    # back, and both grants move to the pods that really hold their devices.
+    assert node.sim.pod_resources is not None
+    await node.sim.pod_resources.stop()
+    uid, want = await _opposite_order(node)
+    snap = await node.snapshot()
+    assert {a.pod_name: sorted(a.device_ids) for a in snap.allocations} == {
+        "pod-a": sorted(node.sim.allocated_device_ids(uid["pod-b"], "main", RESOURCE_VCORE)),
+        "pod-b": sorted(node.sim.allocated_device_ids(uid["pod-a"], "main", RESOURCE_VCORE))}
+    await node.sim.pod_resources.start()
+    await prestart(node, node.sim.allocated_device_ids(uid["pod-b"], "main", RESOURCE_VCORE))
 
     # The guess was wrong both ways and was corrected both ways.
     corrected = await node.tap.wait("alloc.corrected", 2, timeout=10)
     assert {(r.data["previous_pod_uid"], r.data["pod_uid"]) for r in corrected} == {
         (uid["pod-a"], uid["pod-b"]), (uid["pod-b"], uid["pod-a"])}
+    assert {r.data["reason"] for r in corrected} == {"prestart"}
 
     # The ledger: each pod's grant holds exactly the device IDs the kubelet gave it, and its memory.
     snap = await node.snapshot()
@@ -104,14 +143,8 @@ async def test_the_periodic_check_corrects_what_prestart_could_not_see(node: Nod
     # once it is back, the periodic reconciliation corrects the record.
     assert node.sim.pod_resources is not None
     await node.sim.pod_resources.stop()
-    async with node.sim.kubelet.admission_lock:
-        await node.sim.create_pod(gpu_pod("pod-b", ("main", 50, 8), annotations={"tencent.com/predicate-time": "2"}))
-        await node.sim.create_pod(gpu_pod("pod-a", ("main", 50, 4), annotations={"tencent.com/predicate-time": "1"}))
-        await _watchdog_sees(node, {"pod-a", "pod-b"})
-    uid = {}
-    for name in ("pod-a", "pod-b"):
-        pod = await node.sim.wait_for_pod("default", name, lambda p: p["status"].get("phase") == "Running", 20)
-        uid[name] = pod["metadata"]["uid"]
+    uid, want = await _opposite_order(node)
+
     def kubelet_ids(name: str) -> list[str]:
         return sorted(node.sim.allocated_device_ids(uid[name], "main", RESOURCE_VCORE))
 
@@ -127,7 +160,7 @@ async def test_the_periodic_check_corrects_what_prestart_could_not_see(node: Nod
     finally:
         loop.cancel()
     snap = await node.snapshot()
-    assert {a.pod_name: a.memory for a in snap.allocations} == {"pod-a": 4 * MEMORY_BLOCK, "pod-b": 8 * MEMORY_BLOCK}
+    assert {a.pod_name: a.memory for a in snap.allocations} == want
     assert {r.data["reason"] for r in node.tap.of("alloc.corrected")} == {"reconcile"}
     assert {a.pod_name: sorted(a.device_ids) for a in snap.allocations} == {
         "pod-a": kubelet_ids("pod-a"), "pod-b": kubelet_ids("pod-b")}

@@ -224,3 +224,24 @@ def test_prestart_check_follows_gpu_manager() -> None:
     whole = state.allocations["a-w-main"]
     assert "1 GPU(s) recorded for 200 cores, 2 expected" in check_allocation(
         whole, pod("w", [("main", 200, 0)]), cores=200, vmemory=0)
+
+
+def test_the_kubelet_may_be_admitting_only_pods_it_lists_without_devices() -> None:
+    from services.allocator.podresources import record
+
+    listing = _listing(("done", "main", ["x"], 1), ("half", "a", ["y"], 1), ("half", "b", [], 0),
+                       ("fresh", "main", [], 0))
+    rec = record(listing)
+    assert not rec.admitting(pod("done", [("main", 10, 1)]))            # every GPU container has devices
+    assert rec.admitting(pod("half", [("a", 10, 1), ("b", 10, 1)]))     # part-way through admission
+    assert rec.admitting(pod("fresh", [("main", 10, 1)]))               # taken up, nothing given yet
+    assert not rec.admitting(pod("queued", [("main", 10, 1)]))          # not taken up by the kubelet yet
+    # Ordinary init containers are never listed: a pod with GPU init containers may be in admission.
+    assert rec.admitting(pod("done", [("main", 10, 1)], init=[("setup", 10, 1)]))
+    # gpu-manager's guess picks the oldest predicate time; narrowed to the kubelet's pods, it picks right.
+    older = pod("queued", [("main", 10, 1)], annotations={"tencent.com/predicate-time": "1"})
+    admitted_now = pod("fresh", [("main", 10, 1)], annotations={"tencent.com/predicate-time": "2"})
+    state = LedgerState()
+    assert find_candidate([older, admitted_now], state, 10).pod.metadata.name == "queued"
+    narrowed = [p for p in (older, admitted_now) if rec.admitting(p)]
+    assert find_candidate(narrowed, state, 10).pod.metadata.name == "fresh"
