@@ -42,7 +42,7 @@ from libs.store.log import EventLog
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
 from services.allocator.extraconfig import default_devices
 from services.allocator.identity import misattributed, plan_corrections, suspects
-from services.allocator.matching import Candidate, find_candidate
+from services.allocator.matching import Candidate, candidates
 from services.allocator.placement import place
 from services.allocator.podcache import PodCache
 from services.allocator.podresources import (
@@ -112,7 +112,6 @@ class Allocator:
         # pod it knows and has not given devices to yet can be the one asking (pod-resources List).
         view = asyncio.create_task(self._kubelet_view())
         try:
-            await asyncio.wait({view}, timeout=self.settings.request_timeout)
             return await self._lookup_and_grant(req, deadline, started, view)
         finally:
             view.cancel()
@@ -125,13 +124,29 @@ class Allocator:
         except PodResourcesUnavailable:
             return None  # (verify_identity warns about it) the guess alone then
 
-    def _candidate(self, pods: list[Pod], cores: int, view: asyncio.Task[KubeletRecord | None]) -> Candidate | None:
-        """The guess, among the pods the kubelet may be admitting when it said which (without its
-        answer, among all pending pods, as gpu-manager); call with the lock held."""
+    async def _pick(
+        self, pods: list[Pod], cores: int, view: asyncio.Task[KubeletRecord | None], *, last_resort: bool = False,
+    ) -> Candidate | None:
+        """The pod and container the request is for. With one candidate, that one; with several,
+        those the kubelet may be admitting, per its pod-resources (awaited only then); without its
+        answer, the first, as gpu-manager. ``last_resort``: the pods are fresh from the API server
+        and none the kubelet lists fits, so guess rather than fail (a later check corrects a wrong
+        guess). The answer holds until the caller's next await: grant under the lock, re-checked."""
+        found = candidates(pods, self.state, cores)
+        if len(found) <= 1:
+            return found[0] if found else None
+        await asyncio.wait({view}, timeout=self.settings.request_timeout)
         record = view.result() if view.done() and not view.cancelled() else None
-        if record is not None:
-            pods = [p for p in pods if record.admitting(p)]
-        return find_candidate(pods, self.state, cores)
+        if record is None:
+            return found[0]
+        narrowed = [c for c in found if record.admitting(c.pod)]
+        if narrowed:
+            return narrowed[0]
+        return found[0] if last_resort else None
+
+    def _still_free(self, cand: Candidate) -> bool:
+        return not any(a.pod_uid == cand.pod.uid and a.container == cand.container.name
+                       for a in self.state.allocations.values())
 
     async def _lookup_and_grant(
         self, req: AllocateRequest, deadline: float, started: float, view: asyncio.Task[KubeletRecord | None],
@@ -152,9 +167,9 @@ class Allocator:
                 unavailable: ServiceError | None = exc  # the watchdog may still be starting: retry in time
             else:
                 unavailable = None
+                candidate = await self._pick(pods, cores, view, last_resort=fresh)
                 async with self.lock:
-                    candidate = self._candidate(pods, cores, view)
-                    if candidate is not None:
+                    if candidate is not None and self._still_free(candidate):
                         found = time.perf_counter()
                         return await self._grant(req, candidate, deadline, timing={
                             "lookups": lookups, "lookup_ms": round((found - started) * 1000, 2), "started": started})
@@ -180,9 +195,9 @@ class Allocator:
         while True:
             lookups += 1
             version = cache.version
+            candidate = await self._pick(cache.pending(), cores, view)
             async with self.lock:
-                candidate = self._candidate(cache.pending(), cores, view)
-                if candidate is not None:
+                if candidate is not None and self._still_free(candidate):
                     return await self._grant(req, candidate, deadline, timing={
                         "lookups": lookups, "lookup_ms": round((time.perf_counter() - started) * 1000, 2),
                         "started": started})
