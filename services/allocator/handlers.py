@@ -328,7 +328,7 @@ class Allocator:
                          kubelet_blocks=holder.vmemory, recorded_bytes=alloc.memory)
         if problem is not None:
             message = f"PreStartContainer check failed, {problem}"
-            await self._fail_pod(alloc, message)
+            await self.fail_pod(alloc, message)
             raise ServiceError(409, message)
         try:
             prepared = await self.bus.request(
@@ -341,7 +341,7 @@ class Allocator:
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
                              vcuda_socket=prepared.socket)
 
-    async def _fail_pod(self, alloc: Allocation, message: str) -> None:
+    async def fail_pod(self, alloc: Allocation, message: str) -> None:
         """gpu-manager's ALLOCATE_FAIL: free the pod's GPUs and mark it Failed."""
         _log.warning("prestart check failed", pod=f"{alloc.namespace}/{alloc.pod_name}", error=message)
         await self.release(ReleaseRequest(pod_uid=alloc.pod_uid, reason="prestart-check-failed"))

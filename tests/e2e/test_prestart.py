@@ -60,3 +60,20 @@ async def test_without_pod_resources_the_guess_stands(node: Node) -> None:
     assert pod["status"]["phase"] == "Running", pod["status"]
     snap = await node.snapshot()
     assert [(a.pod_name, a.memory, a.corrected_seq) for a in snap.allocations] == [("plain", 2 << 28, 0)]
+
+
+async def test_a_failed_check_frees_the_gpus_and_fails_the_pod(node: Node) -> None:
+    # gpu-manager's ALLOCATE_FAIL. No real request makes the check fail here (the grant is found by
+    # the kubelet's exact device IDs and built from the same spec), so the action is driven directly.
+    pod = await node.run_pod(gpu_pod("doomed", ("main", 30, 2)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    allocator = node.services["allocator"].handlers
+    [alloc] = (await node.snapshot()).allocations
+    await allocator.fail_pod(alloc, "PreStartContainer check failed, for the test")
+    failed = await node.sim.wait_for_pod("default", "doomed", lambda p: p["status"].get("phase") == "Failed", 10)
+    assert failed["status"]["reason"] == "PreStartContainerCheckErr"
+    assert failed["status"]["message"] == "PreStartContainer check failed, for the test"
+    snap = await node.snapshot()
+    assert not snap.allocations and all(g.cores_used == 0 for g in snap.gpus)
+    [released] = await node.tap.wait("alloc.released", 1)
+    assert released.data["reason"] == "prestart-check-failed"
