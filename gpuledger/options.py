@@ -60,7 +60,7 @@ def agent_options(fn: F) -> F:
              help="Seconds the kubelet's Allocate may wait for the allocator before it gets an error."),
         _opt("--request-timeout", env="GPULEDGER_REQUEST_TIMEOUT", type=float, default=5.0, show_default=True,
              help="Seconds any internal request between services may take."),
-        # issue 3: pod identity
+        # issue 3: pod identity check period, gpu-manager's extra config
         _opt("--identity-check-period", env="GPULEDGER_IDENTITY_CHECK_PERIOD", type=float, default=30.0,
              show_default=True,
              help="Seconds between checks of every grant against the kubelet's pod-resources record "

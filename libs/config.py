@@ -40,10 +40,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     request_timeout: float = 5.0    # internal service-to-service requests
     log_format: str = "auto"
     log_level: str = "info"
-    # issue 3: pod identity from the kubelet's pod-resources API, checked at PreStartContainer and every
-    # identity_check_period seconds (0: only at PreStartContainer)
+    # issue 3: grants are checked against the kubelet's pod-resources at PreStartContainer and every
+    # identity_check_period seconds (0: only at PreStartContainer); extra_config is gpu-manager's
+    # --extra-config JSON, whose "default" devices go into every Allocate response
     identity_check_period: float = 30.0
-    extra_config: str = ""  # gpu-manager's --extra-config JSON; its "default" devices go into every response
+    extra_config: str = ""
 
     def __post_init__(self) -> None:
         if not self.node_name:
