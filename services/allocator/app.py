@@ -17,6 +17,7 @@ from libs.log import get_logger
 from libs.runtime import Supervisor
 from libs.store import EventLog
 from services.allocator.extender import AnnotationWriter
+from services.allocator.extraconfig import default_devices
 from services.allocator.handlers import Allocator
 from services.allocator.inventory import inventory_event
 from services.allocator.podcache import PodCache
@@ -38,6 +39,7 @@ class AllocatorService:
 async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
     log = get_logger("allocator")
     async with AsyncExitStack() as stack:
+        extra_devices = default_devices(settings.extra_config)  # a bad file stops the start, first
         events = await EventLog.open(settings.log_path)
         stack.push_async_callback(events.close)
         state = LedgerState()
@@ -67,7 +69,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         pod_cache = PodCache(bus)
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
         handlers = Allocator(settings, events, state, bus, kubelet=kubelet, annotations=annotations,
-                             pod_cache=pod_cache)
+                             pod_cache=pod_cache, extra_devices=extra_devices)
         relay = Relay(bus, events)
         supervisor.spawn(relay.run(), "relay")
         supervisor.spawn(annotations.run(), "annotations")

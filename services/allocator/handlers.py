@@ -65,7 +65,7 @@ class Allocator:
     def __init__(
         self, settings: Settings, log: EventLog, state: LedgerState, bus: Bus, *,
         kubelet: KubeletPodResources | None = None, annotations: AnnotationWriter | None = None,
-        pod_cache: PodCache | None = None,
+        pod_cache: PodCache | None = None, extra_devices: tuple[str, ...] | None = None,
     ) -> None:
         self.settings = settings
         self.log = log
@@ -76,7 +76,7 @@ class Allocator:
         self.pod_cache = pod_cache
         self.annotations = annotations or AnnotationWriter(None, state.pod_allocations)
         self.corrections = 0
-        self.extra_devices = default_devices(settings.extra_config)
+        self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
         self._kubelet_warned = False
 
     async def serve(self) -> None:
