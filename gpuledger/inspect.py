@@ -19,6 +19,7 @@ from libs.config import MIB
 from libs.errors import StoreError
 from libs.events.codec import EventRecord, StoredEvent, format_time, from_record, to_record
 from libs.events.schema import (
+    AllocationCorrected,
     AllocationGranted,
     AllocationRefused,
     AllocationReleased,
@@ -52,6 +53,9 @@ def summary(stored: StoredEvent) -> str:
                 f"memory={ev.memory // MIB}MiB on {gpus}")
     if isinstance(ev, AllocationReleased):
         return f"pod={ev.pod_uid} container={ev.container} reason={ev.reason}"
+    if isinstance(ev, AllocationCorrected):  # issue 3
+        return (f"{ev.namespace}/{ev.pod_name} container={ev.container} memory={ev.memory // MIB}MiB "
+                f"(was pod={ev.previous_pod_uid} container={ev.previous_container}; {ev.reason})")
     if isinstance(ev, AllocationRefused):
         return f"{ev.device_count} x {ev.resource}: {ev.reason}"
     if isinstance(ev, InventoryRecorded):

@@ -111,6 +111,14 @@ def agent_options(fn: F) -> F:
              help="libcuda-control.so for the share volume [default: found through the ld.so.cache]."),
         _opt("--driver-volumes/--no-driver-volumes", env="GPULEDGER_DRIVER_VOLUMES", default=True,
              show_default=True, help="Build VDRIVER_DIR/nvidia and origin when the vmanager starts."),
+        # issue 3: pod identity check period, gpu-manager's extra config
+        _opt("--identity-check-period", env="GPULEDGER_IDENTITY_CHECK_PERIOD", type=float, default=30.0,
+             show_default=True,
+             help="Seconds between checks of every grant against the kubelet's pod-resources record "
+                  "(0: only at PreStartContainer)."),
+        _opt("--extra-config", env="GPULEDGER_EXTRA_CONFIG", default="",
+             help='gpu-manager\'s extra config JSON ({"default": {"devices": [...]}}): device nodes added to '
+                  "every Allocate response."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)

@@ -66,6 +66,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     driver_bin_dirs: str = "/usr/bin:/usr/local/bin:/usr/local/nvidia/bin"  # NVIDIA binaries, ':'-separated
     vcuda_control_library: str = ""          # libcuda-control.so; empty: found through ld.so.cache
     driver_volumes: bool = True              # build <vdriver>/nvidia and origin at vmanager start
+    # issue 3: grants are checked against the kubelet's pod-resources at PreStartContainer and every
+    # identity_check_period seconds (0: only at PreStartContainer); extra_config is gpu-manager's
+    # --extra-config JSON, whose "default" devices go into every Allocate response
+    identity_check_period: float = 30.0
+    extra_config: str = ""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -93,6 +98,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             parse_xids(self.health_ignored_xids)
         except ValueError as exc:
             raise msgspec.ValidationError(str(exc)) from None
+        if self.identity_check_period < 0:
+            raise msgspec.ValidationError("identity_check_period must not be negative")
 
     @property
     def log_path(self) -> Path:

@@ -60,6 +60,9 @@ class Kubelet:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._removals: dict[str, asyncio.Task[None]] = {}
         self.run_options: dict[tuple[str, str], dict[str, Any]] = {}
+        # UIDs the kubelet has taken up (its pod manager): a pod is added right before its own
+        # admission, so pods still queued behind it are not known yet (PodResources lists known pods).
+        self.known: set[str] = set()
         self._next_ip = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -100,6 +103,7 @@ class Kubelet:
     async def _admission_loop(self) -> None:
         while True:
             uid = await self._queue.get()
+            self.known.add(uid)
             try:
                 async with self.admission_lock:
                     pod = self._store.get_by_uid(uid)
@@ -310,6 +314,7 @@ class Kubelet:
             self._store.remove(ns, name)
         for key in [k for k in self.run_options if k[0] == uid]:
             del self.run_options[key]
+        self.known.discard(uid)
 
 
 def _terminate(st: dict[str, Any], now: str, exit_code: int, reason: str) -> None:

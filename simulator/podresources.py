@@ -1,6 +1,7 @@
 """The kubelet's PodResources v1 server (upstream `apis/podresources/server_v1.go`).
 
-List: active pods, sidecars then app containers (ordinary init containers omitted), one
+List: active pods the kubelet has taken up (its pod manager: a pod queued for admission behind
+another is not listed yet), sidecars then app containers (ordinary init containers omitted), one
 ContainerDevices per device and NUMA node, after running device GC. GetAllocatableResources: every
 healthy device. Get: one pod by namespace/name. A token bucket (100/s, burst 10) shared by all
 calls answers RESOURCE_EXHAUSTED "rejected by rate limit" beyond that.
@@ -111,7 +112,8 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
             await self._limit(context, rec)
             self._manager.update_allocated_devices()
             resp = pr.ListPodResourcesResponse(
-                pod_resources=[self._pod_resources(p) for p in self._kubelet.active_pods()]
+                pod_resources=[self._pod_resources(p) for p in self._kubelet.active_pods()
+                               if pod_uid(p) in self._kubelet.known]
             )
             rec.response = message_dict(resp)
             return resp
@@ -137,7 +139,7 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
         with self._calls.record("Get", "", request, str(self._socket)) as rec:
             await self._limit(context, rec)
             pod = self._store.get(request.pod_namespace, request.pod_name)
-            if pod is None or not self._kubelet.bound_here(pod):
+            if pod is None or not self._kubelet.bound_here(pod) or pod_uid(pod) not in self._kubelet.known:
                 error = f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
                 rec.error = error
                 await context.abort(grpc.StatusCode.UNKNOWN, error)

@@ -149,8 +149,8 @@ class Bus:
 
     async def _reply_error(self, msg: Msg, code: int, text: str) -> None:
         if msg.reply:
-            # Header values must be one line.
-            headers = {ERROR_HEADER: " ".join(text.split()), ERROR_CODE_HEADER: str(code)}
+            # Header values must be one line; other spacing is kept (error texts are matched exactly).
+            headers = {ERROR_HEADER: " ".join(text.strip().splitlines()), ERROR_CODE_HEADER: str(code)}
             await self.nc.publish(msg.reply, b"", headers=headers)
 
     async def publish(self, subject: str, msg: Any) -> None:

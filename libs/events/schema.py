@@ -16,6 +16,7 @@ import msgspec
 
 __all__ = [
     "EVENT_TYPES",
+    "AllocationCorrected",
     "AllocationGranted",
     "AllocationImported",
     "AllocationRefused",
@@ -180,13 +181,38 @@ class GpuHealthChanged(Event, tag="gpu.health", kw_only=True):
         return f"gpu:{self.uuid}"
 
 
+class AllocationCorrected(Event, tag="alloc.corrected", kw_only=True):
+    """The kubelet's pod-resources API showed that a grant's device IDs belong to another pod or
+    container than the allocator guessed at Allocate: the grant now belongs to that container, with
+    its limits. The kubelet device IDs and the cores stay; memory, shares and response follow the
+    real owner."""
+
+    alloc_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    container_index: int
+    init_container: bool = False
+    memory: int                     # bytes, from the real owner's spec
+    shares: tuple[GpuShare, ...]
+    core_limit: int | None = None
+    response: ContainerResponse
+    previous_pod_uid: str
+    previous_container: str
+    reason: str = "pod-resources"   # where the truth came from: pod-resources at prestart | reconcile
+
+    def stream(self) -> str:
+        return f"pod:{self.pod_uid}"
+
+
 AnyEvent = (
     InventoryRecorded | AllocationGranted | AllocationReleased | AllocationRefused | AllocationImported
-    | GpuHealthChanged
+    | AllocationCorrected | GpuHealthChanged
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (InventoryRecorded, AllocationGranted, AllocationReleased, AllocationRefused, AllocationImported,
-                GpuHealthChanged)
+                AllocationCorrected, GpuHealthChanged)
 }

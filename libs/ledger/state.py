@@ -11,6 +11,7 @@ import msgspec
 
 from libs.events.codec import StoredEvent
 from libs.events.schema import (
+    AllocationCorrected,
     AllocationGranted,
     AllocationRefused,
     AllocationReleased,
@@ -40,6 +41,10 @@ class Allocation(msgspec.Struct, gc=False, kw_only=True):
     response: ContainerResponse
     granted_seq: int
     granted_at: int
+    # False once a later container of the same pod reuses this init container's kubelet devices
+    # (the kubelet hands an init container's devices on; they are held once, not twice).
+    charged: bool = True
+    corrected_seq: int = 0  # seq of the last alloc.corrected, 0 when the guess at Allocate stood
 
     @classmethod
     def from_event(cls, ev: AllocationGranted, seq: int, at: int) -> Allocation:
@@ -104,13 +109,17 @@ class LedgerState:
         ev = stored.event
         if isinstance(ev, AllocationGranted):
             alloc = Allocation.from_event(ev, stored.seq, stored.recorded_at)
+            self._absorb_reused(alloc)
             self.allocations[alloc.alloc_id] = alloc
             self._charge(alloc, +1)
         elif isinstance(ev, AllocationReleased):
             released = self.allocations.pop(ev.alloc_id, None)
             if released is not None:
-                self._charge(released, -1)
                 self.releases += 1
+                if released.charged:
+                    self._charge(released, -1)
+        elif isinstance(ev, AllocationCorrected):
+            self._correct(ev, stored.seq)
         elif isinstance(ev, InventoryRecorded):
             self.inventory = ev
             self._rebuild_usage()
@@ -121,6 +130,39 @@ class LedgerState:
             self._apply_health()
         self.seq = stored.seq
         self.time = stored.recorded_at
+
+    def _absorb_reused(self, alloc: Allocation) -> None:
+        """An app container whose kubelet device IDs include an init container's of the same pod
+        takes over that init container's hold: the init container has run to completion by the
+        time the app container starts, so the GPUs are charged once, for the later container."""
+        if alloc.init_container:
+            return
+        ids = set(alloc.device_ids)
+        for other in self.reused_by(alloc.pod_uid, ids):
+            self._charge(other, -1)
+            other.charged = False
+
+    def reused_by(self, pod_uid: str, device_ids: set[str]) -> list[Allocation]:
+        """The pod's charged init-container allocations sharing kubelet device IDs with these."""
+        return [
+            a for a in self.allocations.values()
+            if a.pod_uid == pod_uid and a.init_container and a.charged and device_ids & set(a.device_ids)
+        ]
+
+    def _correct(self, ev: AllocationCorrected, seq: int) -> None:
+        old = self.allocations.get(ev.alloc_id)
+        if old is None:
+            return  # released meanwhile; nothing to move
+        if old.charged:
+            self._charge(old, -1)
+        new = msgspec.structs.replace(
+            old, pod_uid=ev.pod_uid, namespace=ev.namespace, pod_name=ev.pod_name, container=ev.container,
+            container_index=ev.container_index, init_container=ev.init_container, memory=ev.memory,
+            shares=ev.shares, core_limit=ev.core_limit, response=ev.response, corrected_seq=seq,
+        )
+        self.allocations[ev.alloc_id] = new
+        if new.charged:
+            self._charge(new, +1)
 
     def _charge(self, alloc: Allocation, sign: int) -> None:
         for share in alloc.shares:
@@ -141,7 +183,8 @@ class LedgerState:
             for g in self.inventory.gpus
         }
         for alloc in sorted(self.allocations.values(), key=lambda a: a.granted_seq):
-            self._charge(alloc, +1)
+            if alloc.charged:
+                self._charge(alloc, +1)
         self._apply_health()
 
     def _apply_health(self) -> None:

@@ -12,6 +12,8 @@ import re
 import time
 import uuid
 
+import msgspec
+
 from libs.bus.client import Bus
 from libs.commands import (
     AllocateReply,
@@ -32,29 +34,51 @@ from libs.commands import (
 from libs.config import MEMORY_BLOCK, Settings
 from libs.errors import BusError, ServiceError
 from libs.events.codec import StoredEvent
-from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, Event
-from libs.kube.pods import ANNOTATION_CORE_LIMIT, RESOURCE_VCORE, Pod
-from libs.ledger.state import Allocation, LedgerState
+from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, Event, GpuShare
+from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
+from libs.ledger.state import Allocation, GpuUsage, LedgerState
 from libs.log import get_logger
 from libs.store.log import EventLog
+from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
+from services.allocator.extraconfig import default_devices
 from services.allocator.hami import HamiDelivery
-from services.allocator.matching import Candidate, find_candidate
+from services.allocator.identity import misattributed, plan_corrections, suspects
+from services.allocator.matching import Candidate, candidates
 from services.allocator.placement import place
+from services.allocator.podcache import PodCache
+from services.allocator.podresources import (
+    DeviceHolder,
+    KubeletPodResources,
+    KubeletRecord,
+    PodResourcesUnavailable,
+)
+from services.allocator.prestart import check_allocation
 from services.allocator.responses import build_response
 
 __all__ = ["Allocator"]
 
 _VCORE_ID = re.compile(r"^tencent\.com/vcuda-core-(\d+)$")
+_NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notification before asking
 _log = get_logger("allocator")
 
 
 class Allocator:
-    def __init__(self, settings: Settings, log: EventLog, state: LedgerState, bus: Bus) -> None:
+    def __init__(
+        self, settings: Settings, log: EventLog, state: LedgerState, bus: Bus, *,
+        kubelet: KubeletPodResources | None = None, annotations: AnnotationWriter | None = None,
+        pod_cache: PodCache | None = None, extra_devices: tuple[str, ...] | None = None,
+    ) -> None:
         self.settings = settings
         self.log = log
         self.state = state
         self.bus = bus
         self.lock = asyncio.Lock()
+        self.kubelet = kubelet
+        self.pod_cache = pod_cache
+        self.annotations = annotations or AnnotationWriter(None, state.pod_allocations)
+        self.corrections = 0
+        self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
+        self._kubelet_warned = False
 
     async def serve(self) -> None:
         s = self.bus.subjects
@@ -84,22 +108,72 @@ class Allocator:
         if earlier is not None:  # a retried request whose reply was lost
             return _reply(earlier)
         deadline = req.deadline or time.time() + self.settings.allocate_timeout
+        started = time.perf_counter()
+        # First ask the kubelet which pods it has taken up: it admits one pod at a time, so only a
+        # pod it knows and has not given devices to yet can be the one asking (pod-resources List).
+        view = asyncio.create_task(self._kubelet_view())
+        try:
+            return await self._lookup_and_grant(req, deadline, started, view)
+        finally:
+            view.cancel()
+
+    async def _kubelet_view(self) -> KubeletRecord | None:
+        if self.kubelet is None:
+            return None
+        try:
+            return await self.kubelet.list()
+        except PodResourcesUnavailable:
+            return None  # (verify_identity warns about it) the guess alone then
+
+    async def _pick(
+        self, pods: list[Pod], cores: int, view: asyncio.Task[KubeletRecord | None], *, last_resort: bool = False,
+    ) -> Candidate | None:
+        """The pod and container the request is for. With one candidate, that one; with several,
+        those the kubelet may be admitting, per its pod-resources (awaited only then); without its
+        answer, the first, as gpu-manager. ``last_resort``: the pods are fresh from the API server
+        and none the kubelet lists fits, so guess rather than fail (a later check corrects a wrong
+        guess). The answer holds until the caller's next await: grant under the lock, re-checked."""
+        found = candidates(pods, self.state, cores)
+        if len(found) <= 1:
+            return found[0] if found else None
+        await asyncio.wait({view}, timeout=self.settings.request_timeout)
+        record = view.result() if view.done() and not view.cancelled() else None
+        if record is None:
+            return found[0]
+        narrowed = [c for c in found if record.admitting(c.pod)]
+        if narrowed:
+            return narrowed[0]
+        return found[0] if last_resort else None
+
+    def _still_free(self, cand: Candidate) -> bool:
+        return not any(a.pod_uid == cand.pod.uid and a.container == cand.container.name
+                       for a in self.state.allocations.values())
+
+    async def _lookup_and_grant(
+        self, req: AllocateRequest, deadline: float, started: float, view: asyncio.Task[KubeletRecord | None],
+    ) -> AllocateReply:
         cores = len(req.device_ids)
-        # First the watchdog's cache; on a miss at once the API server itself (the kubelet admits a
-        # pod as soon as it sees it, often before the watch event reaches the watchdog); then the
-        # same with growing pauses until the kubelet's deadline.
+        lookups = 0
+        if self.pod_cache is not None and (reply := await self._grant_notified(req, deadline, started, view)):
+            return reply
+        # Not there after the short wait (a lost notification, a pod the cache never saw): ask the
+        # watchdog's cache, then at once the API server itself through the watchdog; then the same
+        # with growing pauses until the kubelet's deadline.
         delay, fresh = 0.0, False
         while True:
+            lookups += 1
             try:
                 pods = await self._pending_pods(fresh=fresh)
             except ServiceError as exc:
                 unavailable: ServiceError | None = exc  # the watchdog may still be starting: retry in time
             else:
                 unavailable = None
+                candidate = await self._pick(pods, cores, view, last_resort=fresh)
                 async with self.lock:
-                    candidate = find_candidate(pods, self.state, cores)
-                    if candidate is not None:
-                        return await self._grant(req, candidate, deadline)
+                    if candidate is not None and self._still_free(candidate):
+                        found = time.perf_counter()
+                        return await self._grant(req, candidate, deadline, timing={
+                            "lookups": lookups, "lookup_ms": round((found - started) * 1000, 2), "started": started})
             # The pod may not have reached the watchdog's cache yet: ask the API server directly next.
             if time.time() + delay > deadline - 0.5:
                 raise unavailable or ServiceError(
@@ -108,17 +182,41 @@ class Allocator:
             delay = min(delay * 2, 0.5) if delay else (0.05 if fresh else 0.0)
             fresh = True
 
-    async def _grant(self, req: AllocateRequest, cand: Candidate, deadline: float) -> AllocateReply:
+    async def _grant_notified(
+        self, req: AllocateRequest, deadline: float, started: float, view: asyncio.Task[KubeletRecord | None],
+    ) -> AllocateReply | None:
+        """Match against our copy of the watchdog's notifications: no request at all when the pod is
+        in. When it is not (the kubelet admits a pod before its watch event has gone through the
+        watchdog), wait for the next notifications, for at most a short while; None after that."""
+        cache = self.pod_cache
+        assert cache is not None
+        cores = len(req.device_ids)
+        until = time.monotonic() + _NOTIFICATION_WAIT
+        lookups = 0
+        while True:
+            lookups += 1
+            version = cache.version
+            candidate = await self._pick(cache.pending(), cores, view)
+            async with self.lock:
+                if candidate is not None and self._still_free(candidate):
+                    return await self._grant(req, candidate, deadline, timing={
+                        "lookups": lookups, "lookup_ms": round((time.perf_counter() - started) * 1000, 2),
+                        "started": started})
+            left = until - time.monotonic()
+            if left <= 0 or not await cache.wait_for_change(version, left):
+                return None
+
+    async def _grant(
+        self, req: AllocateRequest, cand: Candidate, deadline: float, timing: dict[str, float] | None = None,
+    ) -> AllocateReply:
         pod, container = cand.pod, cand.container
         cores = len(req.device_ids)
         memory = container.vmemory * MEMORY_BLOCK
-        links = self.state.inventory.links if self.state.inventory else ()
-        shares = place(list(self.state.gpus.values()), links, cores=cores, memory=memory,
-                       share_mode=self.settings.share_mode)
+        shares = self._choose(req, cand, cores, memory)
         response = build_response(
             shares=shares, cores=cores, memory=memory, pod_uid=pod.uid,
             vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-            compat32=(container.env_value("compat32") or "").lower() == "true",
+            compat32=(container.env_value("compat32") or "").lower() == "true", extra_devices=self.extra_devices,
             hami=HamiDelivery.from_settings(self.settings), container=container.name,
         )
         if time.time() > deadline:
@@ -128,13 +226,45 @@ class Allocator:
             pod_uid=pod.uid, namespace=pod.metadata.namespace, pod_name=pod.metadata.name,
             container=container.name, container_index=cand.index, init_container=cand.init,
             cores=cores, memory=memory, device_ids=tuple(req.device_ids), shares=shares,
-            core_limit=_core_limit(pod), response=response,
+            core_limit=core_limit(pod), response=response,
         )
+        appending = time.perf_counter()
         stored = await self._append([event], command_id=req.request_id)
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
+        done = time.perf_counter()
+        timing = dict(timing or {})
+        if "started" in timing:
+            timing["total_ms"] = round((done - timing.pop("started")) * 1000, 2)
         _log.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
-                  gpus=[s.index for s in shares], seq=stored[0].seq, request_id=req.request_id)
+                  gpus=[s.index for s in shares], seq=stored[0].seq, request_id=req.request_id,
+                  append_ms=round((done - appending) * 1000, 2), **timing)
+        if not is_predicated(pod):
+            # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply).
+            self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False)
         return _reply(granted)
+
+    def _choose(self, req: AllocateRequest, cand: Candidate, cores: int, memory: int) -> tuple[GpuShare, ...]:
+        """Where the container goes: on its init containers' GPUs when it reuses their kubelet
+        devices; on the extender's GPU when the pod was predicated (share mode); else placement."""
+        links = self.state.inventory.links if self.state.inventory else ()
+        share_mode = self.settings.share_mode
+        reused = [] if cand.init else self.state.reused_by(cand.pod.uid, set(req.device_ids))
+        view = _without(self.state.gpus, reused)
+        if reused:
+            theirs = {s.index for a in reused for s in a.shares}
+            try:
+                return place([g for g in view if g.index in theirs], links, cores=cores, memory=memory,
+                             share_mode=share_mode)
+            except ServiceError:
+                pass  # the init containers' GPUs are too small for this one: place it anywhere
+        if cores < 100 and not cand.init and is_predicated(cand.pod):
+            wanted = predicated_minor(cand.pod, cand.index, view)
+            try:
+                return place([wanted], links, cores=cores, memory=memory, share_mode=share_mode)
+            except ServiceError:
+                ours = place(view, links, cores=cores, memory=memory, share_mode=share_mode)
+                raise mismatch(cand.pod, cand.container.name, ours, wanted) from None
+        return place(view, links, cores=cores, memory=memory, share_mode=share_mode)
 
     async def _refuse(self, req: AllocateRequest, reason: str) -> None:
         _log.warning("allocate refused", reason=reason, request_id=req.request_id, devices=len(req.device_ids))
@@ -147,13 +277,16 @@ class Allocator:
             _log.error("could not record a refusal", error=str(exc))
 
     async def _pending_pods(self, *, fresh: bool) -> list[Pod]:
+        return await self._pods(PodsRequest(phase="Pending", fresh=fresh))
+
+    async def _pods(self, query: PodsRequest) -> list[Pod]:
         try:
             reply = await self.bus.request(
-                self.bus.subjects.pods, PodsRequest(phase="Pending", fresh=fresh), PodsReply,
+                self.bus.subjects.pods, query, PodsReply,
                 timeout=min(self.settings.request_timeout, self.settings.allocate_timeout / 2),
             )
         except BusError as exc:
-            raise ServiceError(503, f"cannot list the node's pending pods from the watchdog: {exc}") from exc
+            raise ServiceError(503, f"cannot list the node's pods from the watchdog: {exc}") from exc
         return reply.pods
 
     def _check_devices(self, resource: str, device_ids: list[str]) -> None:
@@ -171,22 +304,101 @@ class Allocator:
 
     # --- PreStartContainer ---
     async def prestart(self, req: PreStartRequest) -> PreStartReply:
+        """gpu-manager's PreStartContainer (section 3.9), with the kubelet's pod-resources record in
+        place of its private checkpoint: learn who really holds the devices, correct the grant when
+        the Allocate-time guess was wrong, check the grant, then have the pod's vcuda.sock served."""
         self._check_devices(req.resource, req.device_ids)
+        holder = await self.verify_identity(req.device_ids, reason="prestart")
         alloc = self.state.find_by_devices(req.device_ids)
         if alloc is None:
             raise ServiceError(404, (
-                "PreStartContainer check failed, no allocation holds these "
-                f"{len(req.device_ids)} {RESOURCE_VCORE} devices"
+                "PreStartContainer check failed, failed to get pod from deviceplugin checkpoint: no allocation "
+                f"holds these {len(req.device_ids)} {RESOURCE_VCORE} devices"
             ))
+        pods = [p for p in await self._pods(PodsRequest(uid=alloc.pod_uid)) if is_active(p)]
+        if not pods:
+            pods = [p for p in await self._pods(PodsRequest(uid=alloc.pod_uid, fresh=True)) if is_active(p)]
+        if not pods:
+            raise ServiceError(404, f"PreStartContainer check failed, failed to get pod {alloc.pod_uid} in watchdog")
+        # The memory limit comes from the pod spec (as in gpu-manager); the kubelet's vmemory count
+        # normally equals it, but a kubelet that admitted the pod before vmemory was registered
+        # holds none, which is worth a warning, not a failed pod.
+        problem = check_allocation(alloc, pods[0], cores=len(req.device_ids), vmemory=None)
+        if holder is not None and holder.vmemory * MEMORY_BLOCK != alloc.memory:
+            _log.warning("the kubelet holds a different vmemory count than the pod spec asks for",
+                         pod=f"{alloc.namespace}/{alloc.pod_name}", container=alloc.container,
+                         kubelet_blocks=holder.vmemory, recorded_bytes=alloc.memory)
+        if problem is not None:
+            message = f"PreStartContainer check failed, {problem}"
+            await self.fail_pod(alloc, message)
+            raise ServiceError(409, message)
         try:
             prepared = await self.bus.request(
-                self.bus.subjects.prepare, PrepareRequest(pod_uid=alloc.pod_uid, alloc_seq=alloc.granted_seq),
+                self.bus.subjects.prepare, PrepareRequest(pod_uid=alloc.pod_uid, alloc_seq=self.state.seq),
                 PrepareReply, timeout=self.settings.request_timeout,
             )
         except BusError as exc:
             raise ServiceError(503, f"failed to setup VCuda for pod {alloc.pod_uid}: {exc}") from exc
+        self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True)
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
                              vcuda_socket=prepared.socket)
+
+    async def fail_pod(self, alloc: Allocation, message: str) -> None:
+        """gpu-manager's ALLOCATE_FAIL: free the pod's GPUs and mark it Failed."""
+        _log.warning("prestart check failed", pod=f"{alloc.namespace}/{alloc.pod_name}", error=message)
+        await self.release(ReleaseRequest(pod_uid=alloc.pod_uid, reason="prestart-check-failed"))
+        await self.annotations.fail_pod(alloc.namespace, alloc.pod_name, message)
+
+    # --- authoritative identity ---
+    async def verify_identity(self, device_ids: list[str] | None = None, *, reason: str) -> DeviceHolder | None:
+        """Correct every grant the kubelet records under another pod or container; the kubelet's
+        holder of ``device_ids`` (None when pod-resources is not available or does not list it)."""
+        if self.kubelet is None:
+            return None
+        try:
+            found = (await self.kubelet.list()).holders
+        except PodResourcesUnavailable as exc:
+            if not self._kubelet_warned:
+                _log.warning("pod-resources unavailable: keeping the Allocate-time guess of pods", error=str(exc))
+                self._kubelet_warned = True
+            return None
+        self._kubelet_warned = False
+        if suspects(self.state, found):
+            await self._correct(found, reason)
+        return found.get(frozenset(device_ids)) if device_ids else None
+
+    async def _correct(self, found: dict[frozenset[str], DeviceHolder], reason: str) -> None:
+        pods = await self._pods(PodsRequest(fresh=True))
+        async with self.lock:
+            wrong = misattributed(self.state, found, pods)
+            if not wrong:
+                return
+            try:
+                events = plan_corrections(self.state, wrong, share_mode=self.settings.share_mode,
+                                          vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
+                                          extra_devices=self.extra_devices, reason=reason)
+            except ServiceError as exc:
+                raise ServiceError(409, f"PreStartContainer check failed, {exc.message}") from exc
+            await self._append(list(events))
+        self.corrections += len(events)
+        running = {p.uid: p.status.phase == "Running" for p in pods}
+        for w, ev in zip(wrong, events, strict=True):
+            _log.warning("grant corrected from the kubelet's pod-resources", alloc_id=ev.alloc_id,
+                         guessed=f"{w.alloc.namespace}/{w.alloc.pod_name}/{w.alloc.container}",
+                         actual=f"{ev.namespace}/{ev.pod_name}/{ev.container}", memory=ev.memory, reason=reason)
+        for uid in {w.pod.uid for w in wrong} | {w.alloc.pod_uid for w in wrong}:
+            held = self.state.pod_allocations(uid)
+            if held:
+                self.annotations.publish(held[0].namespace, held[0].pod_name, uid, assigned=running.get(uid, False))
+
+    async def reconcile_forever(self, period: float) -> None:
+        """The periodic check (gpu-manager's checkAllocationPeriodically, against pod-resources)."""
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.verify_identity(reason="reconcile")
+            except (ServiceError, BusError) as exc:
+                _log.error("identity reconciliation failed", error=str(getattr(exc, "message", exc)))
 
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
@@ -216,11 +428,15 @@ def _reply(alloc: Allocation) -> AllocateReply:
                          pod_name=alloc.pod_name, container=alloc.container, response=alloc.response)
 
 
-def _core_limit(pod: Pod) -> int | None:
-    raw = pod.metadata.annotations.get(ANNOTATION_CORE_LIMIT)
-    if raw is None:
-        return None
-    try:
-        return max(0, min(int(raw), 100))
-    except ValueError:
-        return None
+def _without(gpus: dict[int, GpuUsage], reused: list[Allocation]) -> list[GpuUsage]:
+    """The GPUs' usage as if the reused init-container grants were already handed on."""
+    view = {i: msgspec.structs.replace(g, alloc_ids=list(g.alloc_ids)) for i, g in sorted(gpus.items())}
+    for alloc in reused:
+        for share in alloc.shares:
+            gpu = view.get(share.index)
+            if gpu is not None:
+                gpu.cores_used -= share.cores
+                gpu.memory_used -= share.memory
+                if alloc.alloc_id in gpu.alloc_ids:
+                    gpu.alloc_ids.remove(alloc.alloc_id)
+    return list(view.values())

@@ -18,7 +18,7 @@ from libs.errors import ServiceError
 from libs.kube.pods import ANNOTATION_GPU_ASSIGNED, Container, Pod, is_active, parse_time_ns, predicate_time
 from libs.ledger.state import LedgerState
 
-__all__ = ["Candidate", "find_candidate"]
+__all__ = ["Candidate", "candidates", "find_candidate"]
 
 
 class Candidate(msgspec.Struct, frozen=True):
@@ -36,6 +36,15 @@ def _kubelet_order(pod: Pod) -> Iterable[Candidate]:
 
 
 def find_candidate(pods: Iterable[Pod], state: LedgerState, cores: int) -> Candidate | None:
+    """The guess: the first of ``candidates``."""
+    found = candidates(pods, state, cores)
+    return found[0] if found else None
+
+
+def candidates(pods: Iterable[Pod], state: LedgerState, cores: int) -> list[Candidate]:
+    """Every pod's container the request could be for, best guess first; only the pod part-way
+    through admission when there is one (the kubelet admits one pod at a time)."""
+    out: list[Candidate] = []
     held = {(a.pod_uid, a.container) for a in state.allocations.values()}
     started = {uid for uid, _ in held}
     pending = [
@@ -61,8 +70,6 @@ def find_candidate(pods: Iterable[Pod], state: LedgerState, cores: int) -> Candi
                     f"allocation request mismatch for pod {pod.key} ({pod.uid}): its next container "
                     f"{nxt.container.name} wants {nxt.container.vcore} vcuda-core, the kubelet asked for {cores}"
                 ))
-            return nxt
-        for cand in todo:
-            if cand.container.vcore == cores:
-                return cand
-    return None
+            return [nxt]
+        out.extend([c for c in todo if c.container.vcore == cores][:1])
+    return out

@@ -108,9 +108,11 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         timeout = self.settings.allocate_timeout
         req = AllocateRequest(request_id=uuid.uuid4().hex, resource=self.resource, device_ids=ids,
                               deadline=time.time() + timeout)
+        asked = time.perf_counter()
         reply = await self._ask(context, self.bus.subjects.allocate, req, AllocateReply, timeout)
         _log.info("allocated", request_id=req.request_id, alloc_id=reply.alloc_id, container=reply.container,
-                  pod=f"{reply.namespace}/{reply.pod_name}", pod_uid=reply.pod_uid)
+                  pod=f"{reply.namespace}/{reply.pod_name}", pod_uid=reply.pod_uid,
+                  allocator_ms=round((time.perf_counter() - asked) * 1000, 2))
         return pb.AllocateResponse(container_responses=[to_proto(reply.response)])
 
     async def PreStartContainer(

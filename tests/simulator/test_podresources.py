@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -96,3 +98,23 @@ async def test_rate_limit(sim, lister) -> None:
             assert err.details() == "rejected by rate limit"
     assert codes[:10] == [grpc.StatusCode.OK] * 10
     assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+
+
+async def test_list_shows_only_pods_the_kubelet_has_taken_up(make_plugin, sim, lister) -> None:
+    # The kubelet adds a pod to its pod manager right before admitting it; pods queued behind it are
+    # not known yet, so PodResources does not list them (issue 3 relies on this to tell pods apart).
+    await make_plugin(count=2)
+    async with sim.kubelet.admission_lock:
+        await sim.create_pod(pod_manifest("first", [ctr("a", {GPU: 1})]))
+        await sim.create_pod(pod_manifest("second", [ctr("a", {GPU: 1})]))
+        for _ in range(100):  # let the admission loop take up the first pod (it then waits for the lock)
+            if sim.kubelet.known:
+                break
+            await asyncio.sleep(0.01)
+        listed = await lister.List(pr.ListPodResourcesRequest())
+        assert [p.name for p in listed.pod_resources] == ["first"]
+        with pytest.raises(grpc.aio.AioRpcError):
+            await lister.Get(pr.GetPodResourcesRequest(pod_name="second", pod_namespace="default"))
+    await sim.wait_for_pod("default", "second", phase_is("Running"), timeout=5)
+    listed = await lister.List(pr.ListPodResourcesRequest())
+    assert sorted(p.name for p in listed.pod_resources) == ["first", "second"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -9,10 +10,21 @@ import pytest
 
 from libs.errors import ServiceError
 from libs.events.codec import StoredEvent
-from libs.events.schema import AllocationGranted, ContainerResponse, GpuInfo, GpuShare, InventoryRecorded
+from libs.events.schema import (
+    AllocationCorrected,
+    AllocationGranted,
+    ContainerResponse,
+    GpuInfo,
+    GpuShare,
+    InventoryRecorded,
+)
 from libs.kube.pods import Pod
+from libs.kubelet.podresources.v1 import api_pb2 as pr
 from libs.ledger.state import LedgerState
+from services.allocator.identity import misattributed, plan_corrections, suspects
 from services.allocator.matching import find_candidate
+from services.allocator.podresources import holders
+from services.allocator.prestart import check_allocation
 
 
 def pod(name: str, containers: list[tuple[str, int, int]], *, created: str = "2026-11-22T10:00:00Z",
@@ -104,3 +116,132 @@ def test_ignores_running_assigned_and_gpu_less_pods() -> None:
         pod("cpu", [("c", 0, 0)]),
     ]
     assert find_candidate(pods, LedgerState(), 50) is None
+
+
+# --- authoritative identity: the kubelet's record against the guess (services/allocator/identity.py) ---
+
+BLOCK = 256 << 20
+
+
+def _grant_state(grants: list[tuple[str, str, int, int, int, list[str]]], *, gpus: int = 2,
+                 init: frozenset[str] = frozenset()) -> LedgerState:
+    """grants: (pod, container, cores, memory blocks, gpu, device ids); each GPU holds 16 GiB."""
+    state = LedgerState()
+    infos = tuple(GpuInfo(index=i, minor=i, uuid=f"GPU-{i}", memory=64 * BLOCK) for i in range(gpus))
+    state.apply(StoredEvent(seq=1, recorded_at=1, stream_id="inventory", version=1, event_id="0" * 32,
+                            event=InventoryRecorded(node="n", backend="fake", gpus=infos)))
+    for seq, (name, ctr, cores, blocks, gpu, ids) in enumerate(grants, start=2):
+        grant = AllocationGranted(
+            alloc_id=f"a-{name}-{ctr}", request_id=f"r{seq}", pod_uid=f"uid-{name}", namespace="default",
+            pod_name=name, container=ctr, container_index=0, init_container=ctr in init, cores=cores,
+            memory=blocks * BLOCK, device_ids=tuple(ids),
+            shares=(GpuShare(index=gpu, uuid=f"GPU-{gpu}", minor=gpu, cores=min(cores, 100),
+                             memory=blocks * BLOCK if cores < 100 else 64 * BLOCK),),
+            response=ContainerResponse(),
+        )
+        state.apply(StoredEvent(seq=seq, recorded_at=seq, stream_id="s", version=1, event_id="0" * 32, event=grant))
+    return state
+
+
+def _listing(*entries: tuple[str, str, list[str], int]) -> pr.ListPodResourcesResponse:
+    pods: dict[str, list[pr.ContainerResources]] = {}
+    for name, ctr, ids, vmem in entries:
+        devices = [pr.ContainerDevices(resource_name="tencent.com/vcuda-core", device_ids=[i]) for i in ids]
+        devices += [pr.ContainerDevices(resource_name="tencent.com/vcuda-memory", device_ids=[f"m-{name}-{k}"])
+                    for k in range(vmem)]
+        pods.setdefault(name, []).append(pr.ContainerResources(name=ctr, devices=devices))
+    return pr.ListPodResourcesResponse(pod_resources=[
+        pr.PodResources(name=n, namespace="default", containers=c) for n, c in pods.items()])
+
+
+def _apply(state: LedgerState, events: list[AllocationCorrected]) -> None:
+    for ev in events:
+        state.apply(StoredEvent(seq=state.seq + 1, recorded_at=state.seq + 1, stream_id="s", version=1,
+                                event_id="0" * 32, event=ev))
+
+
+def test_holders_collect_ids_per_container_and_count_vmemory() -> None:
+    found = holders(_listing(("p", "c", ["v1", "v2"], 3), ("p", "gpuless", [], 0)))
+    assert list(found) == [frozenset({"v1", "v2"})]
+    h = found[frozenset({"v1", "v2"})]
+    assert (h.namespace, h.pod_name, h.container, h.vmemory) == ("default", "p", "c", 3)
+
+
+def test_a_swap_is_corrected_both_ways_on_the_same_gpu() -> None:
+    # The kubelet gave pod b ids x, pod a ids y; the allocator guessed the other way round.
+    state = _grant_state([("a", "main", 50, 4, 0, ["x"]), ("b", "main", 50, 60, 0, ["y"])])
+    pods = [pod("a", [("main", 50, 4)]), pod("b", [("main", 50, 60)])]
+    found = holders(_listing(("b", "main", ["x"], 60), ("a", "main", ["y"], 4)))
+    assert [a.alloc_id for a in suspects(state, found)] == ["a-a-main", "a-b-main"]
+    wrong = misattributed(state, found, pods)
+    events = plan_corrections(state, wrong, share_mode=True, vm_root=Path("/vm"), vdriver_root=Path("/vd"),
+                              reason="test")
+    assert [(e.previous_pod_uid, e.pod_uid, e.memory) for e in events] == [
+        ("uid-a", "uid-b", 60 * BLOCK), ("uid-b", "uid-a", 4 * BLOCK)]
+    assert all(e.shares[0].index == 0 for e in events)  # the memory still fits where they are
+    assert events[0].response.mounts[1].host_path == "/vm/uid-b"
+    assert events[0].response.annotations["tencent.com/vcuda-memory"] == str(60 * BLOCK)
+    _apply(state, events)
+    assert state.gpus[0].memory_used == 64 * BLOCK and state.gpus[0].cores_used == 100
+    assert {a.pod_name: a.memory for a in state.allocations.values()} == {"b": 60 * BLOCK, "a": 4 * BLOCK}
+    assert not suspects(state, found)
+
+
+def test_a_correction_that_no_longer_fits_its_gpu_moves_or_fails() -> None:
+    # GPU 0 is nearly full of other pods; the real owner wants more memory than is left there.
+    state = _grant_state([("other", "main", 40, 58, 0, ["o"]), ("a", "main", 50, 2, 0, ["x"])])
+    pods = [pod("a", [("main", 50, 2)]), pod("b", [("main", 50, 10)])]
+    found = holders(_listing(("b", "main", ["x"], 10)))
+    wrong = misattributed(state, found, pods)
+    [moved] = plan_corrections(state, wrong, share_mode=True, vm_root=Path("/vm"), vdriver_root=Path("/vd"),
+                               reason="test")
+    assert moved.shares[0].index == 1 and moved.memory == 10 * BLOCK
+
+    full = _grant_state([("other", "main", 40, 58, 0, ["o"]), ("a", "main", 50, 2, 0, ["x"])], gpus=1)
+    with pytest.raises(ServiceError, match=r"the kubelet gave the devices of this grant to pod default/b"):
+        plan_corrections(full, misattributed(full, found, pods), share_mode=True, vm_root=Path("/vm"),
+                         vdriver_root=Path("/vd"), reason="test")
+
+
+def test_reused_init_devices_are_not_a_wrong_guess() -> None:
+    state = _grant_state([("p", "setup", 100, 0, 0, ["x"]), ("p", "main", 100, 0, 0, ["x"])],
+                         init=frozenset({"setup"}))
+    assert not state.allocations["a-p-setup"].charged
+    assert state.gpus[0].cores_used == 100  # once, not twice
+    found = holders(_listing(("p", "main", ["x"], 0)))
+    assert suspects(state, found) == []
+
+
+def test_prestart_check_follows_gpu_manager() -> None:
+    state = _grant_state([("a", "main", 50, 4, 0, ["x"]), ("w", "main", 200, 0, 0, ["y"] * 1)])
+    alloc = state.allocations["a-a-main"]
+    spec = pod("a", [("main", 50, 4)])
+    assert check_allocation(alloc, spec, cores=50, vmemory=4) is None
+    assert check_allocation(alloc, spec, cores=50, vmemory=None) is None  # from the spec
+    assert "memory 1073741824 recorded, the kubelet holds 1342177280" in check_allocation(
+        alloc, spec, cores=50, vmemory=5)
+    assert "50 cores recorded, the kubelet holds 60" in check_allocation(alloc, spec, cores=60, vmemory=4)
+    whole = state.allocations["a-w-main"]
+    assert "1 GPU(s) recorded for 200 cores, 2 expected" in check_allocation(
+        whole, pod("w", [("main", 200, 0)]), cores=200, vmemory=0)
+
+
+def test_the_kubelet_may_be_admitting_only_pods_it_lists_without_devices() -> None:
+    from services.allocator.podresources import record
+
+    listing = _listing(("done", "main", ["x"], 1), ("half", "a", ["y"], 1), ("half", "b", [], 0),
+                       ("fresh", "main", [], 0))
+    rec = record(listing)
+    assert not rec.admitting(pod("done", [("main", 10, 1)]))            # every GPU container has devices
+    assert rec.admitting(pod("half", [("a", 10, 1), ("b", 10, 1)]))     # part-way through admission
+    assert rec.admitting(pod("fresh", [("main", 10, 1)]))               # taken up, nothing given yet
+    assert not rec.admitting(pod("queued", [("main", 10, 1)]))          # not taken up by the kubelet yet
+    # Ordinary init containers are never listed: a pod with GPU init containers may be in admission.
+    assert rec.admitting(pod("done", [("main", 10, 1)], init=[("setup", 10, 1)]))
+    # gpu-manager's guess picks the oldest predicate time; narrowed to the kubelet's pods, it picks right.
+    older = pod("queued", [("main", 10, 1)], annotations={"tencent.com/predicate-time": "1"})
+    admitted_now = pod("fresh", [("main", 10, 1)], annotations={"tencent.com/predicate-time": "2"})
+    state = LedgerState()
+    assert find_candidate([older, admitted_now], state, 10).pod.metadata.name == "queued"
+    narrowed = [p for p in (older, admitted_now) if rec.admitting(p)]
+    assert find_candidate(narrowed, state, 10).pod.metadata.name == "fresh"

@@ -1,0 +1,155 @@
+"""The scheduler extender's annotations (gpu-admission, gpu-manager-reference.md 3.3 and 3.8).
+
+- A pod the extender predicated carries ``predicate-time``, ``gpu-assigned=false`` and, per app
+  container ``i``, ``predicate-gpu-idx-<i>`` (GPU minors). In share mode the allocator checks the
+  container's GPU against it with gpu-manager's error text. Unlike gpu-manager, which only compares
+  its own pick with the extender's and refuses on any difference, the extender's GPU is used when
+  the share fits there: the scheduler and the node then agree by construction.
+- The allocator writes its own choice back: ``predicate-gpu-idx-<i>`` for every allocated app
+  container plus ``gpu-assigned`` (``false`` after Allocate of a pod nobody predicated, ``true``
+  once PreStartContainer succeeded), as a merge patch, retried for up to 10 s like gpu-manager.
+  Patches go through one queue so that they reach the API server in the order they were decided;
+  unlike gpu-manager, the kubelet's Allocate does not wait for them (the grant is already durable
+  in the log, and the annotations are derived from it).
+- ``tencent.com/vcuda-core-limit`` (a soft utilisation cap, clamped to 0..100) is recorded with
+  the grant and becomes the vcuda.config limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod as KubePod
+from lightkube.types import PatchType
+
+from libs.errors import ServiceError
+from libs.events.schema import GpuShare
+from libs.kube.pods import (
+    ANNOTATION_CORE_LIMIT,
+    ANNOTATION_GPU_ASSIGNED,
+    ANNOTATION_PREDICATE_IDX,
+    ANNOTATION_PREDICATE_TIME,
+    Pod,
+)
+from libs.ledger.state import Allocation, GpuUsage
+from libs.log import get_logger
+
+__all__ = [
+    "PREDICATE_CHECK_ERROR",
+    "AnnotationWriter",
+    "core_limit",
+    "is_predicated",
+    "predicated_minor",
+    "ready_annotations",
+]
+
+PREDICATE_CHECK_ERROR = "PreStartContainerCheckErr"
+_PATCH_RETRY_FOR = 10.0
+_log = get_logger("allocator")
+
+
+def core_limit(pod: Pod) -> int | None:
+    raw = pod.metadata.annotations.get(ANNOTATION_CORE_LIMIT)
+    if raw is None:
+        return None
+    try:
+        return max(0, min(int(raw), 100))
+    except ValueError:
+        return None
+
+
+def is_predicated(pod: Pod) -> bool:
+    """gpu-manager's IsGPUPredicatedPod: vcore and vmemory asked for (app containers), the
+    extender's predicate time present, and gpu-assigned present and not "true"."""
+    ann = pod.metadata.annotations
+    vcore = sum(c.vcore for c in pod.spec.containers)
+    vmemory = sum(c.vmemory for c in pod.spec.containers)
+    return (vcore > 0 and vmemory > 0 and ANNOTATION_PREDICATE_TIME in ann
+            and ANNOTATION_GPU_ASSIGNED in ann and ann[ANNOTATION_GPU_ASSIGNED] != "true")
+
+
+def predicated_minor(pod: Pod, index: int, gpus: Sequence[GpuUsage]) -> GpuUsage:
+    """The GPU the extender chose for app container ``index`` (texts as gpu-manager's)."""
+    raw = pod.metadata.annotations.get(f"{ANNOTATION_PREDICATE_IDX}{index}")
+    if raw is None:
+        raise ServiceError(409, f"failed to find predicate idx for pod {pod.uid}")
+    try:
+        minor = int(raw.split(",")[0])
+    except ValueError:
+        raise ServiceError(409, f"failed to parse predicate idx {raw!r} for pod {pod.uid}") from None
+    for gpu in gpus:
+        if gpu.minor == minor:
+            return gpu
+    raise ServiceError(409, f"failed to find predicate device /dev/nvidia{minor} of pod {pod.uid} on this node")
+
+
+def mismatch(pod: Pod, container: str, picked: Sequence[GpuShare], predicate: GpuUsage) -> ServiceError:
+    pick = ",".join(f"/dev/nvidia{s.minor}" for s in picked)
+    return ServiceError(409, (
+        f"Nvidia node mismatch for pod {pod.metadata.name}({container}), "
+        f"pick up:{pick}  predicate: /dev/nvidia{predicate.minor}"
+    ))
+
+
+def ready_annotations(allocations: Sequence[Allocation], assigned: bool) -> dict[str, str]:
+    """gpu-manager's getReadyAnnotations: per allocated app container its GPU minors, in the
+    grant's order, plus gpu-assigned."""
+    out = {
+        f"{ANNOTATION_PREDICATE_IDX}{a.container_index}": ",".join(str(s.minor) for s in a.shares)
+        for a in allocations if not a.init_container
+    }
+    out[ANNOTATION_GPU_ASSIGNED] = "true" if assigned else "false"
+    return out
+
+
+class AnnotationWriter:
+    """One queue of pod patches, applied in order by one task, each retried for a bounded time."""
+
+    def __init__(self, client: AsyncClient | None, allocations_of: Callable[[str], list[Allocation]]) -> None:
+        self.client = client
+        self.allocations_of = allocations_of
+        self.queue: asyncio.Queue[tuple[str, str, str, bool]] = asyncio.Queue()
+        self.written = 0
+
+    def publish(self, namespace: str, name: str, pod_uid: str, *, assigned: bool) -> None:
+        if self.client is not None:
+            self.queue.put_nowait((namespace, name, pod_uid, assigned))
+
+    async def run(self) -> None:
+        while True:
+            namespace, name, pod_uid, assigned = await self.queue.get()
+            held = self.allocations_of(pod_uid)  # as of now: corrections included
+            if held:
+                await self._patch(namespace, name, ready_annotations(held, assigned))
+            self.queue.task_done()
+
+    async def _patch(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        assert self.client is not None
+        body = {"metadata": {"annotations": annotations}}
+        deadline = asyncio.get_running_loop().time() + _PATCH_RETRY_FOR
+        while True:
+            try:
+                await self.client.patch(KubePod, name, body, namespace=namespace,
+                                        patch_type=PatchType.MERGE)
+                self.written += 1
+                return
+            except Exception as exc:  # conflicts, timeouts, a pod already gone
+                if getattr(getattr(exc, "status", None), "code", None) == 404 or \
+                        asyncio.get_running_loop().time() > deadline:
+                    _log.warning("pod annotations not written", pod=f"{namespace}/{name}", error=str(exc))
+                    return
+                await asyncio.sleep(1.0)
+
+    async def fail_pod(self, namespace: str, name: str, message: str) -> None:
+        """gpu-manager's ALLOCATE_FAIL: the pod becomes Failed (reason PreStartContainerCheckErr)."""
+        if self.client is None:
+            return
+        body = {"status": {"phase": "Failed", "reason": PREDICATE_CHECK_ERROR, "message": message}}
+        try:
+            await self.client.patch(KubePod.Status, name, body, namespace=namespace,
+                                    patch_type=PatchType.MERGE)
+        except Exception as exc:
+            _log.warning("pod not marked failed", pod=f"{namespace}/{name}", error=str(exc))
+

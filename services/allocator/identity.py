@@ -1,0 +1,164 @@
+"""Checking the Allocate-time guess against the kubelet's record, and planning the corrections.
+
+gpu-manager identifies a container only by "same vcore count, oldest predicate time", so two pending
+pods with equal requests can be swapped (tkestack/gpu-manager#109). Here the guess is checked against
+pod-resources (``holders``): a grant whose device IDs the kubelet records under another pod or
+container is moved there, with that container's memory and core limit. A move keeps the GPU when the
+new memory still fits on it, else the container is placed afresh; when nothing fits the correction is
+refused and the caller fails only that container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from libs.config import MEMORY_BLOCK
+from libs.errors import ServiceError
+from libs.events.schema import AllocationCorrected, GpuShare
+from libs.kube.pods import Container, Pod
+from libs.ledger.state import Allocation, GpuUsage, LedgerState
+from services.allocator.extender import core_limit
+from services.allocator.placement import place
+from services.allocator.podresources import DeviceHolder
+from services.allocator.responses import build_response
+
+__all__ = ["Misattributed", "misattributed", "plan_corrections", "suspects"]
+
+
+class Misattributed(msgspec.Struct, frozen=True):
+    alloc: Allocation
+    pod: Pod
+    container: Container
+    index: int
+    init: bool
+
+
+def suspects(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> list[Allocation]:
+    """Grants the kubelet records under a different (namespace, pod name, container)."""
+    out = []
+    for alloc in sorted(state.allocations.values(), key=lambda a: a.granted_seq):
+        holder = found.get(frozenset(alloc.device_ids))
+        if holder is None or _reused(alloc, holder):
+            continue
+        if (holder.namespace, holder.pod_name, holder.container) != (alloc.namespace, alloc.pod_name, alloc.container):
+            out.append(alloc)
+    return out
+
+
+def _reused(alloc: Allocation, holder: DeviceHolder) -> bool:
+    """An ordinary init container's devices, listed under the later container of the same pod that
+    reused them (pod-resources never lists ordinary init containers themselves)."""
+    return alloc.init_container and (holder.namespace, holder.pod_name) == (alloc.namespace, alloc.pod_name)
+
+
+def _locate(pod: Pod, name: str) -> tuple[Container, int, bool] | None:
+    for i, c in enumerate(pod.spec.init_containers):
+        if c.name == name:
+            return c, i, True
+    for i, c in enumerate(pod.spec.containers):
+        if c.name == name:
+            return c, i, False
+    return None
+
+
+def misattributed(
+    state: LedgerState, found: dict[frozenset[str], DeviceHolder], pods: Sequence[Pod]
+) -> list[Misattributed]:
+    """Every grant held, per the kubelet, by another pod or container, with that real owner.
+
+    The kubelet names pods by namespace and name; ``pods`` (the node's pods) gives their UID and
+    spec. A pod recreated under the same name has a new UID, so the UID is compared too.
+    """
+    by_key = {(p.metadata.namespace, p.metadata.name): p for p in pods}
+    out = []
+    for alloc in sorted(state.allocations.values(), key=lambda a: a.granted_seq):
+        holder = found.get(frozenset(alloc.device_ids))
+        if holder is None or _reused(alloc, holder):
+            continue
+        pod = by_key.get((holder.namespace, holder.pod_name))
+        if pod is None or (pod.uid, holder.container) == (alloc.pod_uid, alloc.container):
+            continue
+        located = _locate(pod, holder.container)
+        if located is None:
+            continue
+        container, index, init = located
+        out.append(Misattributed(alloc, pod, container, index, init))
+    return out
+
+
+def plan_corrections(
+    state: LedgerState,
+    wrong: Sequence[Misattributed],
+    *,
+    share_mode: bool,
+    vm_root: Path,
+    vdriver_root: Path,
+    reason: str,
+    extra_devices: Sequence[str] = (),
+) -> list[AllocationCorrected]:
+    """The events that move every misattributed grant to its real owner, all or nothing.
+
+    Raises ServiceError (409) naming the container that does not fit.
+    """
+    moving = {w.alloc.alloc_id for w in wrong}
+    # The free capacity as if every moving grant were released: a swap of two pods must see both.
+    view = {i: msgspec.structs.replace(g, alloc_ids=list(g.alloc_ids)) for i, g in state.gpus.items()}
+    for w in wrong:
+        if w.alloc.charged:
+            _charge(view, w.alloc.alloc_id, w.alloc.shares, -1)
+    links = state.inventory.links if state.inventory else ()
+    events = []
+    for w in wrong:
+        alloc, pod = w.alloc, w.pod
+        memory = w.container.vmemory * MEMORY_BLOCK
+        shares = _keep_or_place(view, links, alloc, memory, share_mode, pod, w.container.name)
+        if alloc.charged:
+            _charge(view, alloc.alloc_id, shares, +1)
+        response = build_response(
+            shares=shares, cores=alloc.cores, memory=memory, pod_uid=pod.uid, vm_root=vm_root,
+            vdriver_root=vdriver_root, compat32=(w.container.env_value("compat32") or "").lower() == "true",
+            extra_devices=extra_devices,
+        )
+        events.append(AllocationCorrected(
+            alloc_id=alloc.alloc_id, pod_uid=pod.uid, namespace=pod.metadata.namespace,
+            pod_name=pod.metadata.name, container=w.container.name, container_index=w.index,
+            init_container=w.init, memory=memory, shares=shares, core_limit=core_limit(pod),
+            response=response, previous_pod_uid=alloc.pod_uid, previous_container=alloc.container,
+            reason=reason,
+        ))
+    assert len(events) == len(moving)
+    return events
+
+
+def _keep_or_place(
+    view: dict[int, GpuUsage], links: Sequence[Sequence[str]], alloc: Allocation, memory: int,
+    share_mode: bool, pod: Pod, container: str,
+) -> tuple[GpuShare, ...]:
+    if alloc.cores >= 100:
+        return alloc.shares  # whole GPUs: the memory limit does not change what is held
+    here = view.get(alloc.shares[0].index) if alloc.shares else None
+    if here is not None and memory > 0 and here.cores_free >= alloc.cores and here.memory_free >= memory:
+        return (msgspec.structs.replace(alloc.shares[0], memory=memory),)
+    try:
+        return place(list(view.values()), links, cores=alloc.cores, memory=memory, share_mode=share_mode)
+    except ServiceError as exc:
+        raise ServiceError(409, (
+            f"the kubelet gave the devices of this grant to pod {pod.key} ({pod.uid}) container {container}, "
+            f"whose {alloc.cores} vcuda-core and {memory} bytes cannot be placed: {exc.message}"
+        )) from exc
+
+
+def _charge(view: dict[int, GpuUsage], alloc_id: str, shares: Sequence[GpuShare], sign: int) -> None:
+    for share in shares:
+        gpu = view.get(share.index)
+        if gpu is None:
+            continue
+        gpu.cores_used += sign * share.cores
+        gpu.memory_used += sign * share.memory
+        if sign > 0:
+            gpu.alloc_ids.append(alloc_id)
+        elif alloc_id in gpu.alloc_ids:
+            gpu.alloc_ids.remove(alloc_id)

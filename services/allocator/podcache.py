@@ -1,0 +1,83 @@
+"""The node's pods as the watchdog announces them (``pod.<verb>`` notifications), kept by the allocator.
+
+An Allocate must name a pending pod. Asking the watchdog costs a NATS round trip, and the kubelet
+usually admits a pod before the pod's watch event has reached the watchdog's cache, which then costs
+a fresh LIST from the API server too. Here the allocator listens to the watchdog's notifications, so
+a pod is matched without any request once its notification is in, and a miss waits (briefly) for the
+next notification instead of listing. It is a hint: notifications are core NATS (may be lost while
+disconnected), so a miss after the wait falls back to asking the watchdog, and the cache is resynced
+from the watchdog at start and periodically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from nats.aio.msg import Msg
+
+from libs.bus.client import Bus
+from libs.commands import PodChanged, PodsReply, PodsRequest
+from libs.errors import BusError
+from libs.kube.pods import Pod
+from libs.log import get_logger
+
+__all__ = ["PodCache"]
+
+_log = get_logger("allocator")
+
+
+class PodCache:
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.pods: dict[str, Pod] = {}
+        self.version = 0
+        self._changed = asyncio.Condition()
+
+    async def start(self, timeout: float) -> None:
+        await self.bus.nc.subscribe(self.bus.subjects.pod_fact("*"), cb=self._on_msg)
+        await self.resync(timeout)
+
+    async def resync(self, timeout: float) -> None:
+        """Replace the cache with the watchdog's view (notifications arriving meanwhile still apply)."""
+        try:
+            reply = await self.bus.request(self.bus.subjects.pods, PodsRequest(), PodsReply, timeout=timeout)
+        except BusError as exc:
+            _log.info("pod cache not synced from the watchdog yet", error=str(exc))
+            return
+        self.pods = {p.uid: p for p in reply.pods}
+        await self._bump()
+
+    async def resync_forever(self, period: float, timeout: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            await self.resync(timeout)
+
+    def pending(self) -> list[Pod]:
+        return [p for p in self.pods.values() if p.status.phase == "Pending"]
+
+    async def wait_for_change(self, since: int, timeout: float) -> bool:
+        """True when a notification arrived after version ``since`` within ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout), self._changed:
+                await self._changed.wait_for(lambda: self.version != since)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            change = msgspec.json.decode(msg.data, type=PodChanged)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            _log.warning("unreadable pod notification", subject=msg.subject, error=str(exc))
+            return
+        if change.kind == "DELETED":
+            self.pods.pop(change.pod.uid, None)
+        else:
+            self.pods[change.pod.uid] = change.pod
+        await self._bump()
+
+    async def _bump(self) -> None:
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()

@@ -1,0 +1,79 @@
+"""PreStartContainer through the real registrar socket (gpu-manager-reference.md 3.9).
+
+The kubelet calls it with a container's vcore device IDs right before the container starts. The
+grant holding them is checked (and corrected from pod-resources when the guess was wrong), the pod's
+vcuda.sock is served, and the pod is annotated ``gpu-assigned=true``. Failures carry gpu-manager's
+"PreStartContainer check failed" text, which its tooling (ShouldDelete) looks for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from libs.kube.pods import RESOURCE_VCORE
+from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from tests.e2e.conftest import Node, gpu_pod
+
+
+async def prestart(node: Node, ids: list[str]) -> None:
+    sock = Path(node.settings.device_plugin_dir) / "vcore.sock"
+    async with grpc.aio.insecure_channel(f"unix://{sock}") as ch:
+        await pb_grpc.DevicePluginStub(ch).PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=20)
+
+
+async def test_prestart_of_a_started_container_checks_and_serves_again(node: Node) -> None:
+    pod = await node.run_pod(gpu_pod("again", ("main", 40, 3)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    uid = pod["metadata"]["uid"]
+    ids = node.sim.allocated_device_ids(uid, "main", RESOURCE_VCORE)
+    # A container restart: the kubelet calls PreStartContainer again with the same IDs.
+    await prestart(node, ids)
+    assert (node.settings.vm_root / uid / "vcuda.sock").is_socket()
+    done = await node.sim.wait_for_pod(
+        "default", "again",
+        lambda p: p["metadata"].get("annotations", {}).get("tencent.com/gpu-assigned") == "true", 15)
+    assert done["status"]["phase"] == "Running"
+
+
+async def test_devices_nobody_holds_fail_with_gpu_managers_text(node: Node) -> None:
+    pod = await node.run_pod(gpu_pod("holder", ("main", 10, 1)))
+    held = set(node.sim.allocated_device_ids(pod["metadata"]["uid"], "main", RESOURCE_VCORE))
+    free = [f"tencent.com/vcuda-core-{i}" for i in range(400) if f"tencent.com/vcuda-core-{i}" not in held][:10]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await prestart(node, free)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert err.value.details().startswith(
+        "PreStartContainer check failed, failed to get pod from deviceplugin checkpoint")
+    snap = await node.snapshot()
+    assert [a.pod_name for a in snap.allocations] == ["holder"]  # nothing else was touched
+
+
+async def test_without_pod_resources_the_guess_stands(node: Node) -> None:
+    # An older kubelet, or a node where the pod-resources socket is not mounted: pods still start.
+    assert node.sim.pod_resources is not None
+    await node.sim.pod_resources.stop()
+    pod = await node.run_pod(gpu_pod("plain", ("main", 50, 2)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    snap = await node.snapshot()
+    assert [(a.pod_name, a.memory, a.corrected_seq) for a in snap.allocations] == [("plain", 2 << 28, 0)]
+
+
+async def test_a_failed_check_frees_the_gpus_and_fails_the_pod(node: Node) -> None:
+    # gpu-manager's ALLOCATE_FAIL. No real request makes the check fail here (the grant is found by
+    # the kubelet's exact device IDs and built from the same spec), so the action is driven directly.
+    pod = await node.run_pod(gpu_pod("doomed", ("main", 30, 2)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    allocator = node.services["allocator"].handlers
+    [alloc] = (await node.snapshot()).allocations
+    await allocator.fail_pod(alloc, "PreStartContainer check failed, for the test")
+    failed = await node.sim.wait_for_pod("default", "doomed", lambda p: p["status"].get("phase") == "Failed", 10)
+    assert failed["status"]["reason"] == "PreStartContainerCheckErr"
+    assert failed["status"]["message"] == "PreStartContainer check failed, for the test"
+    snap = await node.snapshot()
+    assert not snap.allocations and all(g.cores_used == 0 for g in snap.gpus)
+    [released] = await node.tap.wait("alloc.released", 1)
+    assert released.data["reason"] == "prestart-check-failed"
