@@ -411,7 +411,7 @@ class Allocator:
                 for a in held
             ]
             await self._append(events)
-        _log.info("released", pod_uid=req.pod_uid, reason=req.reason, allocations=len(held))
+        _log.info("released", pod_uid=req.pod_uid, reason=req.reason, alloc_ids=[a.alloc_id for a in held])
         return ReleaseReply(released=[a.alloc_id for a in held])
 
     async def inventory(self, _req: InventoryRequest) -> InventoryReply:

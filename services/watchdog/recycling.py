@@ -18,8 +18,11 @@ its socket answers.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+import structlog
 
 from libs.bus.client import Bus
 from libs.commands import (
@@ -109,6 +112,11 @@ class Recycler:
             await self.admission.delete_if_owned(new)
 
     async def release(self, pod_uid: str, reason: str) -> bool:
+        # A request id of its own, bound here, so the allocator's lines for this release carry it too.
+        with structlog.contextvars.bound_contextvars(request_id=uuid.uuid4().hex, pod_uid=pod_uid):
+            return await self._release(pod_uid, reason)
+
+    async def _release(self, pod_uid: str, reason: str) -> bool:
         try:
             reply = await self.bus.request(
                 self.bus.subjects.release, ReleaseRequest(pod_uid=pod_uid, reason=reason), ReleaseReply,
@@ -118,7 +126,7 @@ class Recycler:
             _log.warning("release request failed", pod_uid=pod_uid, error=str(exc))
             return False
         if reply.released:
-            _log.info("released", pod_uid=pod_uid, reason=reason, allocations=len(reply.released))
+            _log.info("released", pod_uid=pod_uid, reason=reason, alloc_ids=reply.released)
         return True
 
     async def reconcile(self) -> Repairs:

@@ -79,6 +79,11 @@ async def test_core_limit_annotation_becomes_a_soft_limit(node: Node) -> None:
     snap = await node.snapshot()
     assert snap.allocations[0].core_limit == 100  # clamped to <= 100, as gpu-manager does
     vm_dir = node.settings.vm_root / uid
+    node.enter_container(uid, _container_id(pod))  # the caller: a process of the pod (the vmanager checks)
     await register_vdevice(str(vm_dir / "vcuda.sock"), pod_uid=uid, container_name="main", timeout=5)
     cfg = decode((vm_dir / "main" / "vcuda.config").read_bytes())
     assert (cfg.limit, cfg.hard_limit, cfg.utilization, cfg.gpu_memory) == (100, 0, 30, 2 * MEMORY_BLOCK)
+
+
+def _container_id(pod: dict) -> str:  # type: ignore[type-arg]
+    return str(pod["status"]["containerStatuses"][0]["containerID"]).split("://", 1)[1]

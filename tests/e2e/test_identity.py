@@ -124,6 +124,10 @@ async def test_a_wrong_guess_is_corrected_at_prestart(node: Node) -> None:
     # What the vmanager writes for each pod's container follows the corrected grant.
     for name in ("pod-a", "pod-b"):
         vm_dir = node.settings.vm_root / uid[name]
+        pod = node.sim.get_pod("default", name)
+        assert pod is not None
+        cid = str(pod["status"]["containerStatuses"][0]["containerID"]).split("://", 1)[1]
+        node.enter_container(uid[name], cid)  # the caller: a process of the pod (the vmanager checks)
         await register_vdevice(str(vm_dir / "vcuda.sock"), pod_uid=uid[name], container_name="main", timeout=5)
         cfg = decode((vm_dir / "main" / "vcuda.config").read_bytes())
         assert (cfg.pod_uid, cfg.gpu_memory, cfg.utilization) == (uid[name], want[name], 60)

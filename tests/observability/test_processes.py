@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.launcher import SERVICES, Launcher
+from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.kube.pods import RESOURCE_VCORE
 from tests.e2e.conftest import Node, _base, gpu_pod, settings_for
@@ -51,27 +51,30 @@ async def test_one_request_id_across_the_four_services(processes: Node) -> None:
     (alloc,) = (await node.snapshot()).allocations
     log_dir = node.launcher.log_dir  # type: ignore[union-attr]
 
-    async def traced() -> dict[str, list[dict[str, Any]]]:
-        for _ in range(100):  # the vmanager's line may still be on its way to the file
-            lines = {s: [ln for ln in _lines(log_dir, s) if ln.get("request_id") == alloc.request_id]
-                     for s in SERVICES}
-            if all(lines.values()):
-                return lines
-            await asyncio.sleep(0.1)
-        return lines
+    def lines_of(service: str, pred: Any) -> list[dict[str, Any]]:
+        return [ln for ln in _lines(log_dir, service) if pred(ln)]
 
-    by_service = await traced()
-    assert all(by_service.values()), {s: len(v) for s, v in by_service.items()}
-    for service, lines in by_service.items():
+    async def eventually(service: str, pred: Any) -> list[dict[str, Any]]:
+        for _ in range(100):  # a line may still be on its way to the file
+            if found := lines_of(service, pred):
+                return found
+            await asyncio.sleep(0.1)
+        return []
+
+    # Admission: the kubelet's Allocate through the registrar, the allocator and the vmanager share the
+    # request id the registrar started.
+    by_request = {s: await eventually(s, lambda ln: ln.get("request_id") == alloc.request_id)
+                  for s in ("registrar", "allocator", "vmanager")}
+    assert all(by_request.values()), {s: len(v) for s, v in by_request.items()}
+    for service, lines in by_request.items():
         assert {ln["service"] for ln in lines} == {service}
-    registrar = next(ln for ln in by_service["registrar"] if ln["event"] == "allocated")
+    registrar = next(ln for ln in by_request["registrar"] if ln["event"] == "allocated")
     assert (registrar["alloc_id"], registrar["pod"], registrar["container"]) == (
         alloc.alloc_id, "default/traced", "main")
-    granted = next(ln for ln in by_service["allocator"] if ln["event"] == "granted")
+    granted = next(ln for ln in by_request["allocator"] if ln["event"] == "granted")
     assert (granted["pod"], granted["container"]) == ("default/traced", "main")
-    assert any(ln["event"] == "request" and ln["subject"].endswith("watchdog.pods") for ln in by_service["watchdog"])
     assert any(ln.get("pod_uid") == alloc.pod_uid and ln.get("alloc_id") == alloc.alloc_id
-               for ln in by_service["vmanager"])
+               for ln in by_request["vmanager"])
 
     # Each process serves its own /metrics.
     base = node.settings.metrics_port
@@ -91,3 +94,13 @@ async def test_one_request_id_across_the_four_services(processes: Node) -> None:
     assert proc.returncode == 0, out.decode()
     text = out.decode()
     assert "default/traced:main" in text and "cores 60/100 free" in text
+
+    # Recycling: the watchdog sees the pod go and asks for the release; its request id reaches the
+    # allocator's line for the same allocation.
+    await node.sim.delete_pod("default", "traced")
+    (released,) = await eventually(
+        "watchdog", lambda ln: ln["event"] == "released" and alloc.alloc_id in ln.get("alloc_ids", ()))
+    assert released["pod_uid"] == alloc.pod_uid and released.get("request_id")
+    assert await eventually("allocator", lambda ln: ln["event"] == "released"
+                            and ln.get("request_id") == released["request_id"]
+                            and ln.get("alloc_ids") == [alloc.alloc_id])
