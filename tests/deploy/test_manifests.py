@@ -18,11 +18,13 @@ from gpuledger.cli import SERVICE_NAMES, run
 from gpuledger.health_cmd import health
 from gpuledger.options import load_config_file
 from libs.config import Settings
+from libs.metrics import metrics_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "base"
 OVERLAY = DEPLOY / "overlays" / "example"
+MONITORING = DEPLOY / "overlays" / "prometheus-operator"
 VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
 
 
@@ -71,31 +73,102 @@ def _containers() -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in find("DaemonSet")["spec"]["template"]["spec"]["containers"]}
 
 
-def _covered(path: Path, container: dict[str, Any], volumes: dict[str, dict[str, Any]]) -> bool:
-    """Mounted from the host at the same path (the kubelet gets host paths from us)."""
+# Which service opens each path setting of libs/config.Settings (a field or a derived path), and whether
+# it writes there. The completeness test below derives the path settings from Settings itself, so a new
+# path setting fails the tests until it is listed here (and mounted).
+OPENS: dict[str, dict[str, bool]] = {
+    "log_path": {"allocator": True},                      # ledger.sqlite (+ -wal, -shm, snapshots)
+    "device_plugin_dir": {"registrar": True},
+    "pod_resources_socket": {"allocator": True, "watchdog": True},
+    "vm_root": {"vmanager": True},
+    "vdriver_root": {"vmanager": True},
+    "vcuda_backend_socket": {"vmanager": True},
+    "hami_preload": {"vmanager": True},
+    "hami_library": {"vmanager": False},
+    "hami_lock_dir": {"vmanager": True},
+    "cgroup_root": {"vmanager": False},
+    # the vmanager reads <proc_root>/<pid>/cgroup; the allocator reads /proc/<pid>/cgroup (usage sampling)
+    "proc_root": {"vmanager": False, "allocator": False},
+    "ld_cache": {"vmanager": False},
+    "driver_bin_dirs": {"vmanager": False},
+    "vcuda_control_library": {"vmanager": False},
+    "extra_config": {"allocator": False},
+    "kubeconfig": {"allocator": False, "watchdog": False},
+    "gpus": {"allocator": False},                         # fake:FILE
+}
+# Path settings no service opens as such.
+NOT_OPENED = {
+    "state_dir": "opened through log_path, vm_root, vdriver_root and vcuda_backend_socket",
+    "vm_dir": "opened as vm_root",
+    "vdriver_dir": "opened as vdriver_root",
+    "hami_mount_dir": "a path inside GPU containers, not on the host",
+}
+_PATHY = re.compile(r"(_dir|_dirs|_root|_socket|_library|_cache|_path|config)$")
+# The NVIDIA container runtime puts the driver's libraries into the container (listed in the container's
+# /etc/ld.so.cache, which its ldconfig hook rewrites) and the utility binaries into /usr/bin.
+NVIDIA_RUNTIME_PATHS = (Path("/etc/ld.so.cache"), Path("/usr/bin"))
+
+
+def paths_of(settings: Settings, name: str) -> list[Path]:
+    value = getattr(settings, name)
+    if name == "gpus":
+        return [Path(value.removeprefix("fake:"))] if value.startswith("fake:") else []
+    if name == "driver_bin_dirs":
+        return [Path(d) for d in value.split(":") if d]
+    if name == "log_path":
+        return [value.parent]  # SQLite creates its -wal and -shm files next to the log
+    return [Path(value)] if str(value) else []
+
+
+def _nvidia_runtime(container: dict[str, Any]) -> bool:
+    env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+    caps = set(env.get("NVIDIA_DRIVER_CAPABILITIES", "").split(","))
+    return bool(env.get("NVIDIA_VISIBLE_DEVICES")) and ("all" in caps or {"compute", "utility"} <= caps)
+
+
+def _covered(path: Path, container: dict[str, Any], spec: dict[str, Any], writes: bool) -> bool:
+    """Mounted from the host at the same path (the kubelet gets host paths from us), or the host's /proc
+    through hostPID, or driver files the NVIDIA runtime provides."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
     for mount in container.get("volumeMounts", []):
         host = volumes[mount["name"]].get("hostPath", {}).get("path")
-        if host == mount["mountPath"] and path.is_relative_to(mount["mountPath"]) and not mount.get("readOnly"):
+        if host == mount["mountPath"] and path.is_relative_to(mount["mountPath"]) and \
+                not (writes and mount.get("readOnly")):
             return True
-    return False
+    if path.is_relative_to("/proc"):
+        return bool(spec.get("hostPID")) and not writes
+    return path in NVIDIA_RUNTIME_PATHS and not writes and _nvidia_runtime(container)
 
 
-def test_every_path_a_service_opens_is_mounted_at_its_host_path() -> None:
-    settings = settings_from_configmap(find("ConfigMap"))
+def test_every_path_setting_is_listed() -> None:
+    fields = set(Settings.__struct_fields__)
+    defaults = Settings(node_name="n")
+    pathy = {f for f in fields if _PATHY.search(f) or str(getattr(defaults, f)).startswith("/")}
+    assert pathy, "no path settings found"
+    undeclared = pathy - set(OPENS) - set(NOT_OPENED)
+    assert not undeclared, f"path settings no service is declared to open: {undeclared}"
+    for name in OPENS:
+        assert name in fields or isinstance(getattr(Settings, name, None), property), name
+        assert set(OPENS[name]) <= set(SERVICE_NAMES)
+
+
+@pytest.mark.parametrize("configmap", [BASE / "configmap.yaml", OVERLAY / "config-patch.yaml"], ids=["base", "overlay"])
+def test_every_path_a_service_opens_is_mounted_at_its_host_path(configmap: Path) -> None:
+    settings = settings_from_configmap(docs(configmap)[0])
     containers = _containers()
-    volumes = {v["name"]: v for v in find("DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    spec = find("DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
     nats_args = containers["nats"]["command"]
-    opened = {
-        "allocator": [settings.log_path.parent],
-        "registrar": [Path(settings.device_plugin_dir)],
-        "vmanager": [settings.vm_root],
-        "watchdog": [Path(settings.pod_resources_socket)],
-        "nats": [Path(nats_args[nats_args.index("-sd") + 1])],
-    }
-    assert set(containers) == set(opened) == {*SERVICE_NAMES, "nats"}
-    for name, paths in opened.items():
-        for path in paths:
-            assert _covered(path, containers[name], volumes), f"{name} opens {path}, which is not mounted"
+    assert set(containers) == {*SERVICE_NAMES, "nats"}
+    assert _covered(Path(nats_args[nats_args.index("-sd") + 1]), containers["nats"], spec, True)
+    checked = 0
+    for name, services in OPENS.items():
+        for service, writes in services.items():
+            for path in paths_of(settings, name):
+                checked += 1
+                assert _covered(path, containers[service], spec, writes), \
+                    f"{service} {'writes' if writes else 'reads'} {path} ({name}), which is not mounted"
+    assert checked >= 15
     # Every hostPath is mounted at its own path, wherever it is mounted.
     for container in containers.values():
         for mount in container["volumeMounts"]:
@@ -110,6 +183,48 @@ def test_every_path_a_service_opens_is_mounted_at_its_host_path() -> None:
         assert env["GPULEDGER_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
+def test_the_coverage_check_can_fail() -> None:
+    containers = _containers()
+    spec = find("DaemonSet")["spec"]["template"]["spec"]
+    vm = containers["vmanager"]
+    assert _covered(Path("/proc"), vm, spec, False)
+    assert not _covered(Path("/proc"), vm, {**spec, "hostPID": False}, False)
+    assert not _covered(Path("/sys/fs/cgroup"), vm, spec, True)  # mounted read-only
+    assert not _covered(Path("/var/lib/gpuledger/ledger.sqlite"), vm, spec, True)
+    assert not _covered(Path("/etc/ld.so.cache"), containers["watchdog"], spec, False)
+
+
+def test_host_pid_namespace_where_proc_of_other_pods_is_read() -> None:
+    spec = find("DaemonSet")["spec"]["template"]["spec"]
+    settings = settings_from_configmap(find("ConfigMap"))
+    # vcuda.sock callers (vmanager) and GPU processes (allocator) are pids of other pods
+    assert spec.get("hostPID") is True and settings.proc_root == "/proc"
+
+
+def test_declared_ports_are_the_metrics_ports() -> None:
+    settings = settings_from_configmap(find("ConfigMap"))
+    assert settings.metrics_port > 0
+    containers = _containers()
+    names: dict[str, str] = {}
+    for service in SERVICE_NAMES:
+        ports = containers[service].get("ports", [])
+        assert [p["containerPort"] for p in ports] == [metrics_port(settings, service)], service
+        assert ports[0].get("protocol", "TCP") == "TCP"
+        names[service] = ports[0]["name"]
+    assert not containers["nats"].get("ports")  # NATS stays inside the pod
+    assert len(set(names.values())) == len(names)
+    annotations = find("DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == metrics_port(settings, "allocator")
+    assert annotations["prometheus.io/path"] == "/metrics"
+    monitor = docs(MONITORING / "podmonitor.yaml")[0]
+    assert monitor["kind"] == "PodMonitor" and monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sorted(e["port"] for e in monitor["spec"]["podMetricsEndpoints"]) == sorted(names.values())
+    labels = find("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert monitor["metadata"]["namespace"] == find("Namespace")["metadata"]["name"]
+
+
 def test_services_run_and_probe_real_commands() -> None:
     choices = next(p for p in health.params if p.name == "service").type
     assert isinstance(choices, click.Choice)
@@ -122,7 +237,7 @@ def test_services_run_and_probe_real_commands() -> None:
             assert container[probe]["timeoutSeconds"] > float(command[command.index("--timeout") + 1])
 
 
-_CALL = re.compile(r"\.(get|list|watch|patch|delete|create|replace|apply)\(\s*(KubePod|Node)\b")
+_CALL = re.compile(r"\.(get|list|watch|patch|delete|create|replace|apply)\(\s*(KubePod|Node)(\.Status)?\b")
 _WATCH = re.compile(r'prepare_request\(\s*"list",\s*res=(KubePod|Node)\b[^)]*watch=True', re.S)
 _RESOURCES = {"KubePod": "pods", "Node": "nodes"}
 
@@ -131,7 +246,7 @@ def api_calls_in_code() -> set[tuple[str, str]]:
     used: set[tuple[str, str]] = set()
     for path in [*ROOT.joinpath("services").rglob("*.py"), *ROOT.joinpath("libs").rglob("*.py")]:
         text = path.read_text()
-        used |= {(_RESOURCES[res], verb) for verb, res in _CALL.findall(text)}
+        used |= {(_RESOURCES[res] + ("/status" if sub else ""), verb) for verb, res, sub in _CALL.findall(text)}
         used |= {(_RESOURCES[res], "watch") for res in _WATCH.findall(text)}
     return used
 
@@ -158,9 +273,11 @@ def test_scheduling_node_selector_and_tolerations() -> None:
 def test_kustomizations_reference_what_exists() -> None:
     base = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     assert sorted(base["resources"]) == sorted(p.name for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml")
+    for directory in (OVERLAY, MONITORING):
+        overlay = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        for res in overlay["resources"]:
+            assert (directory / res / "kustomization.yaml").exists() or (directory / res).is_file(), res
     overlay = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
-    for res in overlay["resources"]:
-        assert (OVERLAY / res / "kustomization.yaml").exists()
     objects = {(o["kind"], o["metadata"]["name"]) for o in base_objects()}
     for patch in overlay["patches"]:
         patch_doc = docs(OVERLAY / patch["path"])[0]
