@@ -4,6 +4,7 @@ precedence flag > environment > file > default; gpu-manager's flag names as alia
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +87,63 @@ def test_node_labels_syntax() -> None:
     for bad in ("a", "a=b c", "-a=1", "Bad_Prefix/a=1", "a=" + "x" * 64):
         with pytest.raises(ValueError):
             parse_node_labels(bad)
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def configuration_table(text: str | None = None) -> list[list[str]]:
+    """The rows of the first table in the README's "Configuration" section, as cells."""
+    text = README.read_text() if text is None else text
+    section = text[text.index("\n### Configuration\n"):]
+    section = section[:section.index("\n#", 1)]
+    lines = section.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[first + 2:]:  # past the header and the |---| line
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def undocumented_options(rows: list[list[str]]) -> list[str]:
+    """What is wrong between the options and the table's rows (empty: nothing)."""
+    problems = []
+    documented: dict[str, list[str]] = {}
+    for row in rows:
+        for flag in re.findall(r"`(--[a-z][a-z0-9-]*)", row[0]):  # first column: the option and its aliases
+            documented[flag] = row
+    options = [p for p in show.params if isinstance(p, click.Option)]
+    for param in options:
+        name = param.opts[0]
+        if name not in documented:
+            problems.append(f"{name} is not in the README configuration table")
+            continue
+        row = documented[name]
+        envvars = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or [])
+        problems += [f"{name}: {var} missing from its row" for var in envvars if f"`{var}`" not in row[1]]
+        if not row[2]:
+            problems.append(f"{name}: no default in its row")
+        problems += [f"{name}: alias {a} not documented" for a in param.opts[1:] if a not in documented]
+    known = {opt for p in options for opt in p.opts + p.secondary_opts}
+    problems += [f"the README documents an unknown option {f}" for f in sorted(set(documented) - known)]
+    return problems
+
+
+def test_every_option_is_a_row_of_the_readme_configuration_table() -> None:
+    rows = configuration_table()
+    assert len(rows) > 30
+    assert undocumented_options(rows) == []
+
+
+def test_the_readme_table_check_can_fail() -> None:
+    text = README.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `--hami-lock-dir`"))
+    assert undocumented_options(configuration_table(text.replace(row + "\n", ""))) == \
+        ["--hami-lock-dir is not in the README configuration table"]
+    wrong_var = text.replace("`GPULEDGER_USAGE_INTERVAL`", "`GPULEDGER_USAGE_PERIOD`")
+    assert undocumented_options(configuration_table(wrong_var)) == \
+        ["--usage-interval: GPULEDGER_USAGE_INTERVAL missing from its row"]
+    stale = text.replace("| `--hami-lock-dir`", "| `--hami-lock-path`")
+    assert "the README documents an unknown option --hami-lock-path" in undocumented_options(configuration_table(stale))
