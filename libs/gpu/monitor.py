@@ -143,12 +143,13 @@ class FakeMonitor:
         """Nothing to release."""
 
 
-def open_monitor(inventory: Inventory) -> GpuMonitor:
-    """The monitor for the backend the inventory came from (NVML stays initialised until close)."""
+def open_monitor(inventory: Inventory, proc: Path = Path("/proc")) -> GpuMonitor:
+    """The monitor for the backend the inventory came from (NVML stays initialised until close).
+    ``proc`` is the host's /proc (``--proc-root``), where GPU processes are matched to containers."""
     if inventory.backend == "nvml":
         from libs.gpu.nvml_monitor import NvmlMonitor
 
-        return NvmlMonitor(inventory)
+        return NvmlMonitor(inventory, proc=proc)
     return FakeMonitor(inventory)
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
@@ -210,7 +211,7 @@ async def observe(settings: Settings, handlers: Allocator, relay: Relay, found: 
     commits = CommitTimes(handlers.log)
 
     async with AsyncExitStack() as stack:
-        monitor = await asyncio.to_thread(open_monitor, found)
+        monitor = await asyncio.to_thread(open_monitor, found, Path(settings.proc_root))
         stack.callback(monitor.close)  # after the watcher's thread stopped
         usage = UsageSampler(monitor, handlers.bus, interval=settings.usage_interval,
                              timeout=settings.request_timeout)
