@@ -7,7 +7,9 @@
   the share fits there: the scheduler and the node then agree by construction.
 - The allocator writes its own choice back: ``predicate-gpu-idx-<i>`` for every allocated app
   container plus ``gpu-assigned`` (``false`` after Allocate of a pod nobody predicated, ``true``
-  once PreStartContainer succeeded), as a merge patch, retried for up to 10 s like gpu-manager.
+  once PreStartContainer succeeded), computed by libs/kube/annotations.py, the same rule the
+  watchdog's repair uses (two rules would patch a pod back and forth), as a merge patch,
+  retried for up to 10 s like gpu-manager.
   Patches go through one queue so that they reach the API server in the order they were decided;
   unlike gpu-manager, the kubelet's Allocate does not wait for them (the grant is already durable
   in the log, and the annotations are derived from it).
@@ -26,6 +28,7 @@ from lightkube.types import PatchType
 
 from libs.errors import ServiceError
 from libs.events.schema import GpuShare
+from libs.kube.annotations import ready_annotations
 from libs.kube.pods import (
     ANNOTATION_CORE_LIMIT,
     ANNOTATION_GPU_ASSIGNED,
@@ -42,7 +45,6 @@ __all__ = [
     "core_limit",
     "is_predicated",
     "predicated_minor",
-    "ready_annotations",
 ]
 
 PREDICATE_CHECK_ERROR = "PreStartContainerCheckErr"
@@ -93,17 +95,6 @@ def mismatch(pod: Pod, container: str, picked: Sequence[GpuShare], predicate: Gp
     ))
 
 
-def ready_annotations(allocations: Sequence[Allocation], assigned: bool) -> dict[str, str]:
-    """gpu-manager's getReadyAnnotations: per allocated app container its GPU minors, in the
-    grant's order, plus gpu-assigned."""
-    out = {
-        f"{ANNOTATION_PREDICATE_IDX}{a.container_index}": ",".join(str(s.minor) for s in a.shares)
-        for a in allocations if not a.init_container
-    }
-    out[ANNOTATION_GPU_ASSIGNED] = "true" if assigned else "false"
-    return out
-
-
 class AnnotationWriter:
     """One queue of pod patches, applied in order by one task, each retried for a bounded time."""
 
@@ -122,7 +113,7 @@ class AnnotationWriter:
             namespace, name, pod_uid, assigned = await self.queue.get()
             held = self.allocations_of(pod_uid)  # as of now: corrections included
             if held:
-                await self._patch(namespace, name, ready_annotations(held, assigned))
+                await self._patch(namespace, name, ready_annotations(held, assigned=assigned))
             self.queue.task_done()
 
     async def _patch(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
