@@ -12,7 +12,8 @@
   retried for up to 10 s like gpu-manager.
   Patches go through one queue so that they reach the API server in the order they were decided;
   unlike gpu-manager, the kubelet's Allocate does not wait for them (the grant is already durable
-  in the log, and the annotations are derived from it).
+  in the log, and the annotations are derived from it). When a correction leaves a pod holding
+  nothing, the keys written for it are removed again.
 - ``tencent.com/vcuda-core-limit`` (a soft utilisation cap, clamped to 0..100) is recorded with
   the grant and becomes the vcuda.config limit.
 """
@@ -20,7 +21,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod as KubePod
@@ -103,6 +104,7 @@ class AnnotationWriter:
         self.allocations_of = allocations_of
         self.queue: asyncio.Queue[tuple[str, str, str, bool]] = asyncio.Queue()
         self.written = 0
+        self._keys: dict[str, set[str]] = {}  # pod uid -> the annotation keys this process wrote there
 
     def publish(self, namespace: str, name: str, pod_uid: str, *, assigned: bool) -> None:
         if self.client is not None:
@@ -112,11 +114,17 @@ class AnnotationWriter:
         while True:
             namespace, name, pod_uid, assigned = await self.queue.get()
             held = self.allocations_of(pod_uid)  # as of now: corrections included
-            if held:
-                await self._patch(namespace, name, ready_annotations(held, assigned=assigned))
+            wanted = ready_annotations(held, assigned=assigned)
+            if wanted:
+                self._keys.setdefault(pod_uid, set()).update(wanted)
+                await self._patch(namespace, name, wanted)
+            elif pod_uid in self._keys:
+                # A correction moved every grant away: withdraw what was written for the wrong guess,
+                # else it reads as an extender's choice (or an assigned GPU) the pod does not hold.
+                await self._patch(namespace, name, dict.fromkeys(sorted(self._keys.pop(pod_uid))))
             self.queue.task_done()
 
-    async def _patch(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+    async def _patch(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         assert self.client is not None
         body = {"metadata": {"annotations": annotations}}
         deadline = asyncio.get_running_loop().time() + _PATCH_RETRY_FOR

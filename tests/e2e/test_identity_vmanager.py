@@ -110,3 +110,17 @@ async def test_a_pod_left_without_grants_loses_its_directory_and_the_real_holder
     await _until(lambda: not dir_a.exists() and uid_a not in sockets.servers, "pod A's directory removed")
     cfg = await _register(node, pod_b)
     assert decode(cfg.read_bytes()).gpu_memory == 8 * MEMORY_BLOCK
+
+    # The kubelet takes pod A up at last: with pod-resources back its grant is right from the start.
+    # The annotations the allocator wrote for A's wrong guess were withdrawn when the grant moved (else
+    # they would read as an extender's choice of B's GPU, which has no room, and fail A's admission).
+    await asyncio.wait_for(node.services["allocator"].handlers.annotations.queue.join(), 15)
+    annotations = (node.sim.get_pod("default", "pod-a") or {})["metadata"].get("annotations", {})
+    assert "tencent.com/gpu-assigned" not in annotations and "tencent.com/predicate-gpu-idx-0" not in annotations
+    node.sim.kubelet.pod_created(created_a)
+    pod_a = await node.sim.wait_for_pod(
+        "default", "pod-a", lambda p: p["status"].get("phase") in ("Running", "Failed"), 20)
+    assert pod_a["status"]["phase"] == "Running", pod_a["status"]
+    assert (dir_a / "vcuda.sock").is_socket()
+    assert {(a.pod_uid, a.memory) for a in (await node.snapshot()).allocations} == {
+        (uid_a, 4 * MEMORY_BLOCK), (uid_b, 8 * MEMORY_BLOCK)}
