@@ -263,7 +263,11 @@ async def patch_pod(request: web.Request, *, status_only: bool = False) -> web.S
             return pod
         return patched
 
-    return json_response(sim.store.update(ns, name, mutate))
+    # Recorded like the kubelet's RPCs (method "PATCH"), so tests can count who writes a pod and how often.
+    subresource = "pods/status" if status_only else "pods"
+    with sim.call_log.record("PATCH", subresource, {"namespace": ns, "name": name,
+                                                    "content_type": content_type, "body": body}):
+        return json_response(sim.store.update(ns, name, mutate))
 
 
 async def patch_pod_status(request: web.Request) -> web.StreamResponse:

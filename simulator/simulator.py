@@ -48,6 +48,7 @@ class NodeSimulator:
         self._rng = random.Random(cfg.seed)
         self._call_log = CallLog()
         self.calls: list[RpcCall] = self._call_log.calls
+        self.call_log = self._call_log  # the API server records pod PATCHes here too
         self.store = PodStore(cfg.watch_history)
         self.manager = DeviceManager(cfg, self._call_log, self._rng, lambda: self.kubelet.active_pod_uids())
         self.kubelet = Kubelet(cfg, self.store, self.manager)

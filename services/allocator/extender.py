@@ -7,10 +7,13 @@
   the share fits there: the scheduler and the node then agree by construction.
 - The allocator writes its own choice back: ``predicate-gpu-idx-<i>`` for every allocated app
   container plus ``gpu-assigned`` (``false`` after Allocate of a pod nobody predicated, ``true``
-  once PreStartContainer succeeded), as a merge patch, retried for up to 10 s like gpu-manager.
+  once PreStartContainer succeeded), computed by libs/kube/annotations.py, the same rule the
+  watchdog's repair uses (two rules would patch a pod back and forth), as a merge patch,
+  retried for up to 10 s like gpu-manager.
   Patches go through one queue so that they reach the API server in the order they were decided;
   unlike gpu-manager, the kubelet's Allocate does not wait for them (the grant is already durable
-  in the log, and the annotations are derived from it).
+  in the log, and the annotations are derived from it). When a correction leaves a pod holding
+  nothing, the keys written for it are removed again.
 - ``tencent.com/vcuda-core-limit`` (a soft utilisation cap, clamped to 0..100) is recorded with
   the grant and becomes the vcuda.config limit.
 """
@@ -18,7 +21,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod as KubePod
@@ -26,6 +29,7 @@ from lightkube.types import PatchType
 
 from libs.errors import ServiceError
 from libs.events.schema import GpuShare
+from libs.kube.annotations import ready_annotations
 from libs.kube.pods import (
     ANNOTATION_CORE_LIMIT,
     ANNOTATION_GPU_ASSIGNED,
@@ -42,7 +46,6 @@ __all__ = [
     "core_limit",
     "is_predicated",
     "predicated_minor",
-    "ready_annotations",
 ]
 
 PREDICATE_CHECK_ERROR = "PreStartContainerCheckErr"
@@ -93,17 +96,6 @@ def mismatch(pod: Pod, container: str, picked: Sequence[GpuShare], predicate: Gp
     ))
 
 
-def ready_annotations(allocations: Sequence[Allocation], assigned: bool) -> dict[str, str]:
-    """gpu-manager's getReadyAnnotations: per allocated app container its GPU minors, in the
-    grant's order, plus gpu-assigned."""
-    out = {
-        f"{ANNOTATION_PREDICATE_IDX}{a.container_index}": ",".join(str(s.minor) for s in a.shares)
-        for a in allocations if not a.init_container
-    }
-    out[ANNOTATION_GPU_ASSIGNED] = "true" if assigned else "false"
-    return out
-
-
 class AnnotationWriter:
     """One queue of pod patches, applied in order by one task, each retried for a bounded time."""
 
@@ -112,6 +104,7 @@ class AnnotationWriter:
         self.allocations_of = allocations_of
         self.queue: asyncio.Queue[tuple[str, str, str, bool]] = asyncio.Queue()
         self.written = 0
+        self._keys: dict[str, set[str]] = {}  # pod uid -> the annotation keys this process wrote there
 
     def publish(self, namespace: str, name: str, pod_uid: str, *, assigned: bool) -> None:
         if self.client is not None:
@@ -121,11 +114,17 @@ class AnnotationWriter:
         while True:
             namespace, name, pod_uid, assigned = await self.queue.get()
             held = self.allocations_of(pod_uid)  # as of now: corrections included
-            if held:
-                await self._patch(namespace, name, ready_annotations(held, assigned))
+            wanted = ready_annotations(held, assigned=assigned)
+            if wanted:
+                self._keys.setdefault(pod_uid, set()).update(wanted)
+                await self._patch(namespace, name, wanted)
+            elif pod_uid in self._keys:
+                # A correction moved every grant away: withdraw what was written for the wrong guess,
+                # else it reads as an extender's choice (or an assigned GPU) the pod does not hold.
+                await self._patch(namespace, name, dict.fromkeys(sorted(self._keys.pop(pod_uid))))
             self.queue.task_done()
 
-    async def _patch(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+    async def _patch(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         assert self.client is not None
         body = {"metadata": {"annotations": annotations}}
         deadline = asyncio.get_running_loop().time() + _PATCH_RETRY_FOR

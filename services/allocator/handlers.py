@@ -386,10 +386,10 @@ class Allocator:
             _log.warning("grant corrected from the kubelet's pod-resources", alloc_id=ev.alloc_id,
                          guessed=f"{w.alloc.namespace}/{w.alloc.pod_name}/{w.alloc.container}",
                          actual=f"{ev.namespace}/{ev.pod_name}/{ev.container}", memory=ev.memory, reason=reason)
-        for uid in {w.pod.uid for w in wrong} | {w.alloc.pod_uid for w in wrong}:
-            held = self.state.pod_allocations(uid)
-            if held:
-                self.annotations.publish(held[0].namespace, held[0].pod_name, uid, assigned=running.get(uid, False))
+        touched = {w.alloc.pod_uid: (w.alloc.namespace, w.alloc.pod_name) for w in wrong}
+        touched.update({w.pod.uid: (w.pod.metadata.namespace, w.pod.metadata.name) for w in wrong})
+        for uid, (namespace, name) in sorted(touched.items()):  # a pod left with nothing has its keys withdrawn
+            self.annotations.publish(namespace, name, uid, assigned=running.get(uid, False))
 
     async def reconcile_forever(self, period: float) -> None:
         """The periodic check (gpu-manager's checkAllocationPeriodically, against pod-resources)."""

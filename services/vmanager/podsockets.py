@@ -159,12 +159,19 @@ class PodSockets:
         if running is not None:
             await running.server.close()
 
-    async def teardown(self, pod_uid: str) -> None:
-        """Stop the pod's server and delete its directory (the pod holds nothing any more)."""
+    async def teardown(self, pod_uid: str, *, unless_held: bool = False) -> bool:
+        """Stop the pod's server and delete its directory (the pod holds nothing any more).
+
+        ``unless_held``: do nothing when the pod holds an allocation again by now, checked under the
+        same lock as ``ensure`` (a correction that emptied the pod may be followed by one filling it).
+        """
         async with self._lock:
+            if unless_held and self.holds_allocation(pod_uid):
+                return False
             await self._stop(pod_uid)
             if await asyncio.to_thread(remove_pod_dir, self.vm_root, pod_uid):
                 _log.info("removed pod directory", pod_uid=pod_uid)
+            return True
 
     async def retain(self, live: set[str]) -> None:
         """Tear down every running server whose pod is not in ``live``."""

@@ -13,6 +13,15 @@ long gone); at that point one reconciliation runs:
 
 After that, a grant prepares its pod at once (the socket exists before PreStartContainer) and the
 release of a pod's last allocation stops its server and removes its directory.
+
+An ``alloc.corrected`` (the allocator learnt from the kubelet that a grant belongs to another pod or
+container) prepares the pod that now holds it, rewrites or removes the vcuda.config files written
+for the guessed owner (realign.py), and tears down the previous pod when it is left holding nothing.
+That teardown waits ``settle`` seconds and happens only if the pod still holds nothing then: the
+allocator appends a swap of two grants as two events, and between them the first pod holds nothing
+for an instant; removing its directory then would break the mount of a directory that is needed
+again. The catch-up reconciliation realigns every live pod too (corrections made while the vmanager
+was down).
 """
 
 from __future__ import annotations
@@ -25,11 +34,12 @@ from nats.js.errors import NotFoundError
 from libs.bus.client import Bus
 from libs.bus.follow import LogFollower
 from libs.events.codec import StoredEvent
-from libs.events.schema import AllocationGranted, AllocationReleased
+from libs.events.schema import AllocationCorrected, AllocationGranted, AllocationReleased
 from libs.ledger.state import LedgerState
 from libs.log import get_logger
 from services.vmanager.cleanup import scan_vm_root
 from services.vmanager.podsockets import PodGone, PodSockets
+from services.vmanager.realign import realign_pod_dir, wanted_configs
 
 __all__ = ["AllocationTracker", "stream_last_seq"]
 
@@ -45,22 +55,29 @@ async def stream_last_seq(bus: Bus) -> int:
 
 
 class AllocationTracker:
-    def __init__(self, bus: Bus, state: LedgerState, sockets: PodSockets, vm_root: Path) -> None:
+    def __init__(self, bus: Bus, state: LedgerState, sockets: PodSockets, vm_root: Path, *,
+                 settle: float = 0.5) -> None:
         self.bus = bus
         self.state = state
         self.sockets = sockets
         self.vm_root = vm_root
+        self.settle = settle  # seconds before a pod emptied by a correction is torn down
         self.follower = LogFollower(bus, self._on_event, after_seq=0)
         self.caught_up = asyncio.Event()
         self.target = 0
         self._warned: set[str] = set()
+        self._settling: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         self.target = await stream_last_seq(self.bus)
         _log.info("following the allocation log", catch_up_to=self.target)
         if self.target == 0:
             await self._reconcile()
-        await self.follower.run()
+        try:
+            await self.follower.run()
+        finally:
+            for task in list(self._settling):
+                task.cancel()
 
     async def _on_event(self, stored: StoredEvent) -> None:
         self.state.apply(stored)
@@ -73,6 +90,41 @@ class AllocationTracker:
             await self._prepare(ev.pod_uid)
         elif isinstance(ev, AllocationReleased) and not self.state.holds(ev.pod_uid):
             await self._teardown(ev.pod_uid)
+        elif isinstance(ev, AllocationCorrected):
+            await self._follow_correction(ev)
+
+    async def _follow_correction(self, ev: AllocationCorrected) -> None:
+        await self._prepare(ev.pod_uid)
+        await self._realign(ev.pod_uid)
+        previous = ev.previous_pod_uid
+        if previous == ev.pod_uid:
+            return
+        if self.state.holds(previous):
+            await self._realign(previous)
+        else:
+            task = asyncio.create_task(self._teardown_when_settled(previous), name=f"settle-{previous}")
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+    async def _teardown_when_settled(self, pod_uid: str) -> None:
+        await asyncio.sleep(self.settle)
+        try:
+            if await self.sockets.teardown(pod_uid, unless_held=True):
+                _log.info("pod left without grants by a correction: directory removed", pod_uid=pod_uid)
+        except (OSError, ValueError) as exc:
+            _log.error("cannot remove pod directory", pod_uid=pod_uid, error=str(exc))
+
+    async def _realign(self, pod_uid: str) -> None:
+        """Rewrite or remove the pod's vcuda.config files that disagree with the ledger."""
+        try:
+            pod_dir = self.sockets.paths(pod_uid).directory
+            done = await asyncio.to_thread(realign_pod_dir, pod_dir, wanted_configs(self.state, pod_uid))
+        except (OSError, ValueError) as exc:
+            _log.error("cannot realign vcuda.config files", pod_uid=pod_uid, error=str(exc))
+            return
+        if done.rewritten or done.removed:
+            _log.info("vcuda.config files follow the corrected grants", pod_uid=pod_uid,
+                      rewritten=done.rewritten, removed=done.removed)
 
     async def _reconcile(self) -> None:
         live = self.state.pods()
@@ -87,6 +139,7 @@ class AllocationTracker:
                 await self._teardown(pod_uid)
         for pod_uid in sorted(live):
             await self._prepare(pod_uid)
+            await self._realign(pod_uid)
         _log.info("caught up with the allocation log", seq=self.state.seq, pods=len(live),
                   removed=len(pod_dirs - live) if self.state.seq > 0 else 0)
         self.caught_up.set()
