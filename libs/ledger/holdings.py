@@ -211,9 +211,7 @@ class _Fold:
         self.health: dict[str, _Health] = {}   # GPU uuid -> last transition
 
     def apply(self, seq: int, at: int, view: View | StoredEvent) -> None:
-        if isinstance(view, StoredEvent):
-            view = _view_of(view)
-        if isinstance(view, _Granted):
+        if isinstance(view, _Granted):  # the common types first: this runs a million times a second
             if view.init_container:
                 self.inits.setdefault(view.pod_uid, set()).add(view.alloc_id)
             elif view.pod_uid in self.inits:
@@ -229,6 +227,11 @@ class _Fold:
             self._correct(seq, view)
         elif isinstance(view, _Health):
             self.health[view.uuid] = view
+        elif isinstance(view, StoredEvent):  # an older schema version, or a type that changes no holding
+            full = _view_of(view)
+            if full is not view:
+                self.apply(seq, at, full)
+                return
         self.seq, self.time = seq, at
 
     def _absorb(self, grant: _Granted) -> None:
