@@ -8,8 +8,8 @@ objects for it. Event types the view does not know are decoded in full and passe
 
 It folds every event type that changes holdings exactly as ``LedgerState`` does: grants, imports,
 releases, corrections (``alloc.corrected`` moves a grant to its real owner), an app container taking
-over its init container's hold (the kubelet device IDs are kept as raw bytes and decoded only for a
-pod that has a charged init-container grant), inventories and GPU health.
+over its init container's hold (the kubelet device IDs are read from the rows only for a pod that has
+a charged init-container grant), inventories and GPU health.
 
     view = audit_replay(path, upto_seq=120)       # or upto_time=ns
     view.holders()                                # [Holding], oldest grant first
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -38,7 +39,7 @@ from libs.events.schema import (
 from libs.store.replay import iter_rows, open_reader, seq_at_time
 from libs.store.rows import COLUMNS, row_to_stored
 
-__all__ = ["AuditView", "GpuHolding", "Holding", "audit_replay", "iter_views"]
+__all__ = ["AuditView", "GpuHolding", "Holding", "audit_replay", "grant_device_ids", "iter_views"]
 
 
 class _Granted(msgspec.Struct, frozen=True, gc=False, tag="alloc.granted"):
@@ -53,7 +54,6 @@ class _Granted(msgspec.Struct, frozen=True, gc=False, tag="alloc.granted"):
     shares: tuple[GpuShare, ...]
     init_container: bool = False
     core_limit: int | None = None
-    device_ids: msgspec.Raw = msgspec.Raw(b"\x90")  # left undecoded: needed only for init-container reuse
 
 
 class _Imported(_Granted, frozen=True, gc=False, tag="alloc.imported"):
@@ -106,7 +106,6 @@ class _Health(msgspec.Struct, frozen=True, gc=False, tag="gpu.health"):
 _VIEWS = (_Granted, _Imported, _Released, _Inventory, _Corrected, _Health)
 _VIEW_TAGS = {cls.__struct_config__.tag for cls in _VIEWS}
 _decode_view = msgspec.msgpack.Decoder(_Granted | _Imported | _Released | _Inventory | _Corrected | _Health).decode
-_decode_ids = msgspec.msgpack.Decoder(tuple[str, ...]).decode
 
 View = _Granted | _Released | _Inventory | _Corrected | _Health
 
@@ -174,8 +173,7 @@ def iter_views(
 
 def _from_full(ev: AllocationGranted) -> _Granted:
     """The view of a grant read on the full path (an older schema version, upcast)."""
-    fields = {f: getattr(ev, f) for f in _Granted.__struct_fields__ if f != "device_ids"}
-    fields["device_ids"] = msgspec.Raw(msgspec.msgpack.encode(ev.device_ids))
+    fields = {f: getattr(ev, f) for f in _Granted.__struct_fields__}
     if isinstance(ev, AllocationImported):
         return _Imported(**fields, source=ev.source)
     return _Granted(**fields)
@@ -197,9 +195,15 @@ def _view_of(stored: StoredEvent) -> View | StoredEvent:
 
 
 class _Fold:
-    """``LedgerState``'s fold over the views; GPU usage is summed once, at the end."""
+    """``LedgerState``'s fold over the views; GPU usage is summed once, at the end.
 
-    def __init__(self) -> None:
+    ``device_ids(seq)`` reads a grant's kubelet device IDs from its row: the views leave them out
+    (decoding them costs ~10% of a replay), and only an app container of a pod with a charged
+    init-container grant needs them.
+    """
+
+    def __init__(self, device_ids: Callable[[int], tuple[str, ...]]) -> None:
+        self.device_ids = device_ids
         self.seq = 0
         self.time = 0
         self.node = ""
@@ -215,7 +219,7 @@ class _Fold:
             if view.init_container:
                 self.inits.setdefault(view.pod_uid, set()).add(view.alloc_id)
             elif view.pod_uid in self.inits:
-                self._absorb(view)
+                self._absorb(seq, view)
             self.live[view.alloc_id] = (seq, at, view)
         elif isinstance(view, _Released):
             gone = self.live.pop(view.alloc_id, None)
@@ -234,12 +238,12 @@ class _Fold:
                 return
         self.seq, self.time = seq, at
 
-    def _absorb(self, grant: _Granted) -> None:
+    def _absorb(self, seq: int, grant: _Granted) -> None:
         """As ``LedgerState._absorb_reused``: the app container takes over the init grants whose
         kubelet device IDs it shares."""
-        mine = set(_decode_ids(grant.device_ids))
+        mine = set(self.device_ids(seq))
         for alloc_id in list(self.inits[grant.pod_uid]):
-            if mine & set(_decode_ids(self.live[alloc_id][2].device_ids)):
+            if mine & set(self.device_ids(self.live[alloc_id][0])):
                 self.uncharged.add(alloc_id)
                 self._forget_init(self.live[alloc_id][2])
 
@@ -306,6 +310,13 @@ def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding]) -> None:
             h.event_id = ids[h.granted_seq].hex()
 
 
+def grant_device_ids(conn: sqlite3.Connection, seq: int) -> tuple[str, ...]:
+    """The kubelet device IDs of the grant at ``seq`` (read in full: rare, so simple)."""
+    row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
+    ev = row_to_stored(row).event
+    return ev.device_ids if isinstance(ev, AllocationGranted) else ()
+
+
 def audit_replay(
     path: Path,
     *,
@@ -319,7 +330,7 @@ def audit_replay(
         if upto_time is not None:
             bound = seq_at_time(conn, upto_time)
             upto_seq = bound if upto_seq is None else min(upto_seq, bound)
-        fold = _Fold()
+        fold = _Fold(partial(grant_device_ids, conn))
         apply = fold.apply
         for seq, at, view in iter_views(conn, upto_seq=upto_seq):
             apply(seq, at, view)
