@@ -28,7 +28,7 @@ from libs.events.schema import (
     InventoryRecorded,
 )
 from libs.events.subjects import Subjects, unescape_token
-from libs.ledger.holdings import AuditView, audit_replay
+from libs.ledger.holdings import AuditView, Holding, audit_replay
 from libs.ledger.state import LedgerSnapshot, LedgerState
 from libs.ledger.timeline import Entry
 from libs.store import iter_events, open_reader, replay
@@ -181,10 +181,11 @@ def print_snapshot(view: AuditView, *, as_json: bool, out: TextIO = sys.stdout) 
         return
     when = format_time(view.time) if view.time else "-"
     print(f"state at seq {view.seq} ({when}), node {view.node or '-'}", file=out)
-    print(f"{'GPU':<5}{'UUID':<42}{'cores used':>11}{'memory used':>18}  allocations", file=out)
+    print(f"{'GPU':<5}{'UUID':<42}{'cores used':>11}{'memory used':>18}  {'allocations':<13}health", file=out)
     for g in view.gpus:
+        health = "healthy" if g.healthy else f"UNHEALTHY ({g.health_reason})"
         print(f"{g.index:<5}{g.uuid:<42}{g.cores_used:>7}/100{g.memory_used // MIB:>10}/{g.memory_total // MIB:<7}"
-              f"  {len(g.holders)}", file=out)
+              f"  {len(g.holders):<13}{health}", file=out)
     if not view.allocations:
         print("no allocations", file=out)
         return
@@ -192,7 +193,16 @@ def print_snapshot(view: AuditView, *, as_json: bool, out: TextIO = sys.stdout) 
     for a in view.allocations:
         pod = f"{a.namespace}/{a.pod_name}" if a.pod_name else a.pod_uid
         print(f"{pod:<32}{a.container:<14}{_shares(a.shares):<24}{format_time(a.since):<32}{a.granted_seq:>7}  "
-              f"{a.request_id:<24}{a.event_id}", file=out)
+              f"{a.request_id:<24}{a.event_id}{_notes(a)}", file=out)
+
+
+def _notes(a: Holding) -> str:
+    notes = []
+    if a.corrected_seq:
+        notes.append(f"corrected at seq {a.corrected_seq}")
+    if not a.charged:
+        notes.append("not charged: its devices went to a later container of the pod")
+    return f"  ({'; '.join(notes)})" if notes else ""
 
 
 def print_history(entries: list[Entry], *, as_json: bool, out: TextIO = sys.stdout) -> None:

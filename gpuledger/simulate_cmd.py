@@ -10,7 +10,8 @@ non-blank character is ``{``). Two kinds of operation:
   that was refused), releasing its GPUs.
 
 Output: one JSON line per container that asks for ``tencent.com/vcuda-core`` (or vcuda-memory), in
-the kubelet's order (init containers first)::
+the kubelet's order (init containers first). As on a node, an app container that reuses its init
+containers' kubelet devices goes on their GPUs and takes over their hold (the pod is charged once)::
 
     {"pod": "default/a", "container": "main", "init": false, "cores": 200, "memory": 0, "gpus": [0, 1]}
     {"pod": "default/b", "container": "main", "init": false, "cores": 50, "memory": 1073741824,

@@ -9,7 +9,9 @@ containers first), the allocator's `place()` over the `LedgerState` folded from 
 text the pod's ``UnexpectedAdmissionError`` would carry, and the pod's earlier grants go back (the
 watchdog recycles a rejected pod).
 
-As in the allocator today, every GPU container (init containers included) holds its own grant.
+Each grant carries the kubelet's device IDs, as the allocator records them, so the allocator's own
+reuse rule applies (``services.allocator.reuse``, ``LedgerState._absorb_reused``): an app container
+that reuses its init containers' devices goes on their GPUs and takes over their hold (charged once).
 Used by ``gpuledger simulate`` and by bench/placement_quality.py.
 """
 
@@ -35,6 +37,7 @@ from libs.gpu.inventory import Inventory
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, Container, Pod
 from libs.ledger.state import GpuUsage, LedgerState
 from services.allocator.placement import Links, place
+from services.allocator.reuse import place_on_reused, reuse_view
 
 __all__ = ["Placer", "Simulation", "admission_error"]
 
@@ -59,7 +62,7 @@ class _SimPod:
     pod: Pod
     failed: bool = False
     ids: dict[str, int] = field(default_factory=dict)     # kubelet device IDs held, per resource
-    reuse: dict[str, int] = field(default_factory=dict)   # init containers' IDs later ones may take
+    reuse: dict[str, list[str]] = field(default_factory=dict)  # init containers' IDs later ones may take
 
 
 class Simulation:
@@ -71,6 +74,7 @@ class Simulation:
         self.pods: dict[str, _SimPod] = {}
         self._seq = itertools.count(1)
         self._uids = itertools.count(1)
+        self._device_ids = itertools.count(1)
         self.capacity = {
             RESOURCE_VCORE: 100 * len(inventory.gpus),
             RESOURCE_VMEMORY: sum(g.memory for g in inventory.gpus) // MEMORY_BLOCK,
@@ -129,42 +133,50 @@ class Simulation:
             return None
         base = {"pod": sim.pod.key, "container": c.name, "init": init, "cores": cores,
                 "memory": blocks * MEMORY_BLOCK}
+        device_ids: list[str] = []
         for resource, wanted in ((RESOURCE_VCORE, cores), (RESOURCE_VMEMORY, blocks)):
-            problem = self._take_ids(sim, resource, wanted, release_to_reuse=init and c.restart_policy != "Always")
-            if problem:
-                return {**base, "error": admission_error(problem)}
+            taken = self._take_ids(sim, resource, wanted, release_to_reuse=init and c.restart_policy != "Always")
+            if isinstance(taken, str):
+                return {**base, "error": admission_error(taken)}
+            if resource == RESOURCE_VCORE:
+                device_ids = taken
         if cores <= 0:
             return None  # vcuda-memory only: its Allocate is answered without a placement
+        memory = blocks * MEMORY_BLOCK
+        reused, view = reuse_view(self.state, sim.pod.uid, device_ids, init=init)
         try:
-            shares = self.placer(self.gpus(), self.links, cores=cores, memory=blocks * MEMORY_BLOCK,
-                                 share_mode=self.share_mode)
+            shares = place_on_reused(reused, view, self.links, cores=cores, memory=memory,
+                                     share_mode=self.share_mode, placer=self.placer) or self.placer(
+                view, self.links, cores=cores, memory=memory, share_mode=self.share_mode)
         except ServiceError as exc:
             return {**base, "error": admission_error(_rpc_error(exc))}
         self._record(AllocationGranted(
             alloc_id=f"{sim.pod.uid}/{'init' if init else 'app'}/{index}", request_id=f"sim-{self.state.seq}",
             pod_uid=sim.pod.uid, namespace=sim.pod.metadata.namespace, pod_name=sim.pod.metadata.name,
             container=c.name, container_index=index, init_container=init, cores=cores,
-            memory=blocks * MEMORY_BLOCK, device_ids=(), shares=shares, core_limit=None,
+            memory=memory, device_ids=tuple(device_ids), shares=shares, core_limit=None,
             response=ContainerResponse(),
         ))
         return {**base, "gpus": [s.index for s in shares]}
 
-    def _take_ids(self, sim: _SimPod, resource: str, wanted: int, *, release_to_reuse: bool) -> str:
-        """The kubelet's device-ID check: "" when the IDs are there, else its error."""
+    def _take_ids(self, sim: _SimPod, resource: str, wanted: int, *, release_to_reuse: bool) -> list[str] | str:
+        """The kubelet's device-ID check: the IDs given (its init containers' first), else its error."""
         if wanted <= 0:
-            return ""
-        from_reuse = min(wanted, sim.reuse.get(resource, 0))
+            return []
+        pool = sim.reuse.setdefault(resource, [])
+        from_reuse = min(wanted, len(pool))
         needed = wanted - from_reuse
         in_use = sum(p.ids.get(resource, 0) for p in self.pods.values())
         available = self.capacity[resource] - in_use
         if needed > available:
             return (f"requested number of devices unavailable for {resource}. "
                     f"Requested: {needed}, Available: {available}")
-        sim.reuse[resource] = sim.reuse.get(resource, 0) - from_reuse
+        given = pool[:from_reuse] + [f"{resource}-{next(self._device_ids)}" for _ in range(needed)]
+        del pool[:from_reuse]
         sim.ids[resource] = sim.ids.get(resource, 0) + needed
         if release_to_reuse:  # a finished init container's devices go to the pod's later containers
-            sim.reuse[resource] = sim.reuse.get(resource, 0) + wanted
-        return ""
+            pool.extend(given)
+        return given
 
     def _release(self, sim: _SimPod, reason: str) -> None:
         for alloc in self.state.pod_allocations(sim.pod.uid):

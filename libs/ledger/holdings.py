@@ -6,6 +6,11 @@ seconds, so this fold reads narrow *views* of the events: msgspec decodes only t
 below and skips the rest of each body (the stored response, the kubelet device IDs) without building
 objects for it. Event types the view does not know are decoded in full and passed to ``on_other``.
 
+It folds every event type that changes holdings exactly as ``LedgerState`` does: grants, imports,
+releases, corrections (``alloc.corrected`` moves a grant to its real owner), an app container taking
+over its init container's hold (the kubelet device IDs are read from the rows only for a pod that has
+a charged init-container grant), inventories and GPU health.
+
     view = audit_replay(path, upto_seq=120)       # or upto_time=ns
     view.holders()                                # [Holding], oldest grant first
 """
@@ -14,16 +19,27 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import msgspec
 
 from libs.events.codec import StoredEvent
-from libs.events.schema import EVENT_TYPES, AllocationGranted, AllocationReleased, GpuInfo, GpuShare, InventoryRecorded
+from libs.events.schema import (
+    EVENT_TYPES,
+    AllocationCorrected,
+    AllocationGranted,
+    AllocationImported,
+    AllocationReleased,
+    GpuHealthChanged,
+    GpuInfo,
+    GpuShare,
+    InventoryRecorded,
+)
 from libs.store.replay import iter_rows, open_reader, seq_at_time
 from libs.store.rows import COLUMNS, row_to_stored
 
-__all__ = ["AuditView", "GpuHolding", "Holding", "audit_replay", "iter_views"]
+__all__ = ["AuditView", "GpuHolding", "Holding", "audit_replay", "grant_device_ids", "iter_views"]
 
 
 class _Granted(msgspec.Struct, frozen=True, gc=False, tag="alloc.granted"):
@@ -37,6 +53,7 @@ class _Granted(msgspec.Struct, frozen=True, gc=False, tag="alloc.granted"):
     memory: int
     shares: tuple[GpuShare, ...]
     init_container: bool = False
+    core_limit: int | None = None
 
 
 class _Imported(_Granted, frozen=True, gc=False, tag="alloc.imported"):
@@ -55,11 +72,42 @@ class _Inventory(msgspec.Struct, frozen=True, gc=False, tag="inventory.recorded"
     gpus: tuple[GpuInfo, ...]
 
 
-_VIEWS = (_Granted, _Imported, _Released, _Inventory)
-_VIEW_TAGS = {cls.__struct_config__.tag for cls in _VIEWS}
-_decode_view = msgspec.msgpack.Decoder(_Granted | _Imported | _Released | _Inventory).decode
+class _Corrected(msgspec.Struct, frozen=True, gc=False, tag="alloc.corrected"):
+    alloc_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    memory: int
+    shares: tuple[GpuShare, ...]
+    previous_pod_uid: str
+    previous_container: str
+    init_container: bool = False
+    core_limit: int | None = None
+    reason: str = "pod-resources"
 
-View = _Granted | _Released | _Inventory
+
+class _Health(msgspec.Struct, frozen=True, gc=False, tag="gpu.health"):
+    index: int
+    uuid: str
+    healthy: bool
+    reason: str
+    xid: int = 0
+    detail: str = ""
+
+    @property
+    def why(self) -> str:
+        """Why the GPU is unhealthy, as ``GpuUsage.health_reason`` spells it ("" when healthy)."""
+        if self.healthy:
+            return ""
+        return f"xid {self.xid}" if self.reason == "xid" else self.reason
+
+
+_VIEWS = (_Granted, _Imported, _Released, _Inventory, _Corrected, _Health)
+_VIEW_TAGS = {cls.__struct_config__.tag for cls in _VIEWS}
+_decode_view = msgspec.msgpack.Decoder(_Granted | _Imported | _Released | _Inventory | _Corrected | _Health).decode
+
+View = _Granted | _Released | _Inventory | _Corrected | _Health
 
 
 class Holding(msgspec.Struct, kw_only=True):
@@ -79,6 +127,10 @@ class Holding(msgspec.Struct, kw_only=True):
     request_id: str                # the Allocate request (the grant's command_id)
     event_id: str = ""             # the grant's event id (filled for the holders printed)
     source: str = "allocate"       # or the checkpoint an alloc.imported came from
+    core_limit: int | None = None
+    # False once a later container of the pod reuses this init container's devices (held once, by it)
+    charged: bool = True
+    corrected_seq: int = 0         # seq of the last alloc.corrected (0: the grant's guess stood)
 
 
 class GpuHolding(msgspec.Struct, kw_only=True):
@@ -88,6 +140,8 @@ class GpuHolding(msgspec.Struct, kw_only=True):
     cores_used: int = 0
     memory_used: int = 0
     holders: list[str] = msgspec.field(default_factory=list)  # alloc_ids, oldest first
+    healthy: bool = True
+    health_reason: str = ""        # why it is unhealthy (empty when healthy)
 
 
 class AuditView(msgspec.Struct, kw_only=True):
@@ -117,41 +171,125 @@ def iter_views(
             yield seq, at, row_to_stored(row)
 
 
+def _from_full(ev: AllocationGranted) -> _Granted:
+    """The view of a grant read on the full path (an older schema version, upcast)."""
+    fields = {f: getattr(ev, f) for f in _Granted.__struct_fields__}
+    if isinstance(ev, AllocationImported):
+        return _Imported(**fields, source=ev.source)
+    return _Granted(**fields)
+
+
+def _view_of(stored: StoredEvent) -> View | StoredEvent:
+    ev = stored.event
+    if isinstance(ev, AllocationGranted):
+        return _from_full(ev)
+    if isinstance(ev, AllocationReleased):
+        return _Released(alloc_id=ev.alloc_id, pod_uid=ev.pod_uid, container=ev.container, reason=ev.reason)
+    if isinstance(ev, InventoryRecorded):
+        return _Inventory(node=ev.node, gpus=ev.gpus)
+    if isinstance(ev, AllocationCorrected):
+        return _Corrected(**{f: getattr(ev, f) for f in _Corrected.__struct_fields__})
+    if isinstance(ev, GpuHealthChanged):
+        return _Health(**{f: getattr(ev, f) for f in _Health.__struct_fields__})
+    return stored
+
+
 class _Fold:
-    def __init__(self) -> None:
+    """``LedgerState``'s fold over the views; GPU usage is summed once, at the end.
+
+    ``device_ids(seq)`` reads a grant's kubelet device IDs from its row: the views leave them out
+    (decoding them costs ~10% of a replay), and only an app container of a pod with a charged
+    init-container grant needs them.
+    """
+
+    def __init__(self, device_ids: Callable[[int], tuple[str, ...]]) -> None:
+        self.device_ids = device_ids
         self.seq = 0
         self.time = 0
         self.node = ""
         self.gpus: tuple[GpuInfo, ...] = ()
-        self.live: dict[str, tuple[int, int, _Granted]] = {}  # alloc_id -> (seq, at, grant)
+        self.live: dict[str, tuple[int, int, _Granted]] = {}  # alloc_id -> (seq, at, grant as now owned)
+        self.inits: dict[str, set[str]] = {}   # pod_uid -> its charged init-container grants
+        self.uncharged: set[str] = set()       # grants handed on to a later container of the pod
+        self.corrected: dict[str, int] = {}    # alloc_id -> seq of its last correction
+        self.health: dict[str, _Health] = {}   # GPU uuid -> last transition
 
     def apply(self, seq: int, at: int, view: View | StoredEvent) -> None:
-        if isinstance(view, _Granted):
+        if isinstance(view, _Granted):  # the common types first: this runs a million times a second
+            if view.init_container:
+                self.inits.setdefault(view.pod_uid, set()).add(view.alloc_id)
+            elif view.pod_uid in self.inits:
+                self._absorb(seq, view)
             self.live[view.alloc_id] = (seq, at, view)
         elif isinstance(view, _Released):
-            self.live.pop(view.alloc_id, None)
+            gone = self.live.pop(view.alloc_id, None)
+            if gone is not None and gone[2].init_container:
+                self._forget_init(gone[2])
         elif isinstance(view, _Inventory):
             self.node, self.gpus = view.node, view.gpus
-        elif isinstance(view.event, AllocationGranted):  # an upcast grant, read on the full path
-            fields = {f: getattr(view.event, f) for f in _Granted.__struct_fields__}
-            self.live[view.event.alloc_id] = (seq, at, _Granted(**fields))
-        elif isinstance(view.event, AllocationReleased):
-            self.live.pop(view.event.alloc_id, None)
-        elif isinstance(view.event, InventoryRecorded):
-            self.node, self.gpus = view.event.node, view.event.gpus
+        elif isinstance(view, _Corrected):
+            self._correct(seq, view)
+        elif isinstance(view, _Health):
+            self.health[view.uuid] = view
+        elif isinstance(view, StoredEvent):  # an older schema version, or a type that changes no holding
+            full = _view_of(view)
+            if full is not view:
+                self.apply(seq, at, full)
+                return
         self.seq, self.time = seq, at
 
+    def _absorb(self, seq: int, grant: _Granted) -> None:
+        """As ``LedgerState._absorb_reused``: the app container takes over the init grants whose
+        kubelet device IDs it shares."""
+        mine = set(self.device_ids(seq))
+        for alloc_id in list(self.inits[grant.pod_uid]):
+            if mine & set(self.device_ids(self.live[alloc_id][0])):
+                self.uncharged.add(alloc_id)
+                self._forget_init(self.live[alloc_id][2])
+
+    def _forget_init(self, grant: _Granted) -> None:
+        held = self.inits.get(grant.pod_uid)
+        if held is not None:
+            held.discard(grant.alloc_id)
+            if not held:
+                del self.inits[grant.pod_uid]
+
+    def _correct(self, seq: int, ev: _Corrected) -> None:
+        """As ``LedgerState._correct``: the grant now belongs to the real owner; the cores, kubelet
+        device IDs and whether it is charged stay."""
+        old = self.live.get(ev.alloc_id)
+        if old is None:
+            return
+        granted_seq, at, grant = old
+        if grant.init_container:
+            self._forget_init(grant)
+        moved = msgspec.structs.replace(
+            grant, pod_uid=ev.pod_uid, namespace=ev.namespace, pod_name=ev.pod_name, container=ev.container,
+            init_container=ev.init_container, memory=ev.memory, shares=ev.shares, core_limit=ev.core_limit)
+        self.live[ev.alloc_id] = (granted_seq, at, moved)
+        self.corrected[ev.alloc_id] = seq
+        if moved.init_container and ev.alloc_id not in self.uncharged:
+            self.inits.setdefault(moved.pod_uid, set()).add(ev.alloc_id)
+
     def result(self, conn: sqlite3.Connection) -> AuditView:
+        uncharged, corrected = self.uncharged, self.corrected
         holders = [
             Holding(alloc_id=g.alloc_id, pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name,
                     container=g.container, init_container=g.init_container, cores=g.cores, memory=g.memory,
                     shares=g.shares, since=at, granted_seq=seq, request_id=g.request_id,
-                    source=g.source if isinstance(g, _Imported) else "allocate")
+                    source=g.source if isinstance(g, _Imported) else "allocate", core_limit=g.core_limit,
+                    charged=g.alloc_id not in uncharged, corrected_seq=corrected.get(g.alloc_id, 0))
             for seq, at, g in sorted(self.live.values(), key=lambda t: t[0])
         ]
         _fill_event_ids(conn, holders)
         gpus = {g.index: GpuHolding(index=g.index, uuid=g.uuid, memory_total=g.memory) for g in self.gpus}
+        for gpu in gpus.values():
+            health = self.health.get(gpu.uuid)  # by uuid, as LedgerState: health follows a GPU that moved
+            if health is not None:
+                gpu.healthy, gpu.health_reason = health.healthy, health.why
         for h in holders:
+            if not h.charged:
+                continue
             for share in h.shares:
                 gpu = gpus.get(share.index)
                 if gpu is not None:
@@ -172,6 +310,13 @@ def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding]) -> None:
             h.event_id = ids[h.granted_seq].hex()
 
 
+def grant_device_ids(conn: sqlite3.Connection, seq: int) -> tuple[str, ...]:
+    """The kubelet device IDs of the grant at ``seq`` (read in full: rare, so simple)."""
+    row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
+    ev = row_to_stored(row).event
+    return ev.device_ids if isinstance(ev, AllocationGranted) else ()
+
+
 def audit_replay(
     path: Path,
     *,
@@ -185,7 +330,7 @@ def audit_replay(
         if upto_time is not None:
             bound = seq_at_time(conn, upto_time)
             upto_seq = bound if upto_seq is None else min(upto_seq, bound)
-        fold = _Fold()
+        fold = _Fold(partial(grant_device_ids, conn))
         apply = fold.apply
         for seq, at, view in iter_views(conn, upto_seq=upto_seq):
             apply(seq, at, view)

@@ -7,8 +7,9 @@ names what the snapshot covers and which code folded it:
 
 It is used only when all of these hold, otherwise it is ignored (and replaced by the next save):
 - ``code_rev`` equals the running code's: a hash of the sources that define the events and the fold
-  (``libs/events/schema.py``, ``codec.py``, ``libs/ledger/state.py``), so any change to them, in
-  this release or a later one, means a full replay;
+  (``libs/events/schema.py``, ``codec.py`` with its upcasters, ``libs/store/rows.py`` which turns rows
+  into events, ``libs/ledger/state.py``; ``FOLD_MODULES``), so any change to them, in this release or a
+  later one, means a full replay;
 - the log still holds ``seq`` and its chain hash there is the recorded one (the log was not replaced,
   rewritten or cut below the snapshot).
 Then only the events after ``seq`` are replayed. The whole state object is pickled (not a list of its
@@ -32,6 +33,7 @@ from libs.events import codec, schema
 from libs.ledger import state as state_module
 from libs.ledger.state import LedgerState
 from libs.log import get_logger
+from libs.store import rows
 from libs.store.replay import open_reader, replay
 
 __all__ = [
@@ -70,9 +72,14 @@ def snapshot_path(log_path: Path) -> Path:
     return log_path.with_name(log_path.stem + ".snapshot")
 
 
+# Every module whose code decides what the pickled state holds: the fold and all it reads events with
+# (tests/audit/test_snapshots.py checks that each libs module they import is listed or fold-neutral).
+FOLD_MODULES = (schema, codec, rows, state_module)
+
+
 def code_rev() -> str:
     digest = hashlib.sha256()
-    for module in (schema, codec, state_module):
+    for module in FOLD_MODULES:
         digest.update(Path(module.__file__ or "").read_bytes())
     return digest.hexdigest()[:20]
 

@@ -16,7 +16,7 @@ import msgspec
 
 from libs.events.codec import StoredEvent, format_time
 from libs.events.schema import GpuShare
-from libs.ledger.holdings import _Granted, _Imported, _Inventory, _Released, iter_views
+from libs.ledger.holdings import _Corrected, _Granted, _Health, _Imported, _Inventory, _Released, iter_views
 from libs.store.replay import open_reader
 
 __all__ = ["Entry", "gpu_history", "pod_history"]
@@ -60,26 +60,55 @@ def _other_entry(stored: StoredEvent) -> Entry:
                  detail=getattr(ev, "reason", "") or "", **fields)
 
 
+def _correction_entry(seq: int, at: int, c: _Corrected, cores: int, shares: tuple[GpuShare, ...]) -> Entry:
+    return Entry(seq=seq, recorded_at=at, type="alloc.corrected", pod_uid=c.pod_uid, namespace=c.namespace,
+                 pod_name=c.pod_name, container=c.container, alloc_id=c.alloc_id, cores=cores,
+                 memory=sum(s.memory for s in shares), shares=shares,
+                 detail=f"was pod {c.previous_pod_uid} container {c.previous_container} ({c.reason})")
+
+
+def _health_entry(seq: int, at: int, h: _Health) -> Entry:
+    state = "healthy" if h.healthy else f"UNHEALTHY: {h.why}"
+    return Entry(seq=seq, recorded_at=at, type="gpu.health",
+                 detail=f"GPU{h.index} {h.uuid} {state}" + (f" ({h.detail})" if h.detail else ""))
+
+
 def pod_history(path: Path, pod: str) -> list[Entry]:
-    """Every event of the pod(s) named ``pod`` (UID, ``name`` or ``namespace/name``)."""
+    """Every event of the pod(s) named ``pod`` (UID, ``name`` or ``namespace/name``).
+
+    A correction is on the timelines of both pods: the one that lost the grant and the one that has it.
+    """
     ns, _, name = pod.rpartition("/")
     uids = {pod}
-    grants: dict[str, _Granted] = {}
+
+    def named(pod_uid: str, namespace: str, pod_name: str) -> bool:
+        return pod_uid in uids or (pod_name == name and ns in ("", namespace))
+
+    live: dict[str, tuple[str, str, int]] = {}  # alloc_id -> (namespace, pod_name, cores) of every live grant
     out: list[Entry] = []
     conn = open_reader(path)
     try:
         for seq, at, view in iter_views(conn):
             if isinstance(view, _Granted):
-                if view.pod_uid in uids or (view.pod_name == name and ns in ("", view.namespace)):
+                live[view.alloc_id] = (view.namespace, view.pod_name, view.cores)
+                if named(view.pod_uid, view.namespace, view.pod_name):
                     uids.add(view.pod_uid)
-                    grants[view.alloc_id] = view
                     out.append(_grant_entry(seq, at, view))
             elif isinstance(view, _Released):
+                owner = live.pop(view.alloc_id, ("", "", 0))
                 if view.pod_uid in uids:
-                    g = grants.get(view.alloc_id)
                     out.append(Entry(seq=seq, recorded_at=at, type="alloc.released", pod_uid=view.pod_uid,
-                                     namespace=g.namespace if g else "", pod_name=g.pod_name if g else "",
-                                     container=view.container, alloc_id=view.alloc_id, detail=view.reason))
+                                     namespace=owner[0], pod_name=owner[1], container=view.container,
+                                     alloc_id=view.alloc_id, detail=view.reason))
+            elif isinstance(view, _Corrected):
+                cores = live[view.alloc_id][2] if view.alloc_id in live else 0
+                if view.alloc_id in live:
+                    live[view.alloc_id] = (view.namespace, view.pod_name, cores)
+                if named(view.pod_uid, view.namespace, view.pod_name):
+                    uids.add(view.pod_uid)
+                    out.append(_correction_entry(seq, at, view, cores, view.shares))
+                elif view.previous_pod_uid in uids:
+                    out.append(_correction_entry(seq, at, view, cores, view.shares))
             elif isinstance(view, StoredEvent):
                 ev = view.event
                 uid = getattr(ev, "pod_uid", "")
@@ -119,6 +148,25 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                                      namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                                      alloc_id=g.alloc_id, cores=sum(s.cores for s in shares),
                                      memory=sum(s.memory for s in shares), shares=shares, detail=view.reason))
+            elif isinstance(view, _Corrected):
+                before = on_gpu.get(view.alloc_id)
+                mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
+                if before is None and not mine:
+                    continue
+                if before is not None:
+                    cores = before.cores
+                    on_gpu.pop(view.alloc_id)
+                else:
+                    cores = sum(s.cores for s in mine)
+                if mine:
+                    on_gpu[view.alloc_id] = _Granted(
+                        alloc_id=view.alloc_id, request_id=before.request_id if before else "", pod_uid=view.pod_uid,
+                        namespace=view.namespace, pod_name=view.pod_name, container=view.container, cores=cores,
+                        memory=view.memory, shares=view.shares, init_container=view.init_container)
+                out.append(_correction_entry(seq, at, view, cores, mine))
+            elif isinstance(view, _Health):
+                if _names_gpu(gpu, view.index, view.uuid):
+                    out.append(_health_entry(seq, at, view))
             elif isinstance(view, _Inventory):
                 found = [g for g in view.gpus if _names_gpu(gpu, g.index, g.uuid)]
                 detail = (f"GPU{found[0].index} {found[0].uuid} {found[0].name}".strip() if found

@@ -12,8 +12,6 @@ import re
 import time
 import uuid
 
-import msgspec
-
 from libs.bus.client import Bus
 from libs.commands import (
     AllocateReply,
@@ -36,7 +34,7 @@ from libs.errors import BusError, ServiceError
 from libs.events.codec import StoredEvent
 from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, Event, GpuShare
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
-from libs.ledger.state import Allocation, GpuUsage, LedgerState
+from libs.ledger.state import Allocation, LedgerState
 from libs.log import get_logger
 from libs.store.log import EventLog
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
@@ -54,6 +52,7 @@ from services.allocator.podresources import (
 )
 from services.allocator.prestart import check_allocation
 from services.allocator.responses import build_response
+from services.allocator.reuse import place_on_reused, reuse_view
 
 __all__ = ["Allocator"]
 
@@ -248,15 +247,10 @@ class Allocator:
         devices; on the extender's GPU when the pod was predicated (share mode); else placement."""
         links = self.state.inventory.links if self.state.inventory else ()
         share_mode = self.settings.share_mode
-        reused = [] if cand.init else self.state.reused_by(cand.pod.uid, set(req.device_ids))
-        view = _without(self.state.gpus, reused)
-        if reused:
-            theirs = {s.index for a in reused for s in a.shares}
-            try:
-                return place([g for g in view if g.index in theirs], links, cores=cores, memory=memory,
-                             share_mode=share_mode)
-            except ServiceError:
-                pass  # the init containers' GPUs are too small for this one: place it anywhere
+        reused, view = reuse_view(self.state, cand.pod.uid, req.device_ids, init=cand.init)
+        on_theirs = place_on_reused(reused, view, links, cores=cores, memory=memory, share_mode=share_mode)
+        if on_theirs is not None:
+            return on_theirs
         if cores < 100 and not cand.init and is_predicated(cand.pod):
             wanted = predicated_minor(cand.pod, cand.index, view)
             try:
@@ -426,17 +420,3 @@ class Allocator:
 def _reply(alloc: Allocation) -> AllocateReply:
     return AllocateReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, namespace=alloc.namespace,
                          pod_name=alloc.pod_name, container=alloc.container, response=alloc.response)
-
-
-def _without(gpus: dict[int, GpuUsage], reused: list[Allocation]) -> list[GpuUsage]:
-    """The GPUs' usage as if the reused init-container grants were already handed on."""
-    view = {i: msgspec.structs.replace(g, alloc_ids=list(g.alloc_ids)) for i, g in sorted(gpus.items())}
-    for alloc in reused:
-        for share in alloc.shares:
-            gpu = view.get(share.index)
-            if gpu is not None:
-                gpu.cores_used -= share.cores
-                gpu.memory_used -= share.memory
-                if alloc.alloc_id in gpu.alloc_ids:
-                    gpu.alloc_ids.remove(alloc.alloc_id)
-    return list(view.values())

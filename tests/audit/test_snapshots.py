@@ -81,3 +81,37 @@ def test_a_damaged_snapshot_file_is_ignored(log_path: Path) -> None:
     restored = load_state(log_path)
     assert restored.snapshot_seq == 0 and "unreadable snapshot" in restored.discarded
     assert restored.state.seq == 2_000
+
+
+# Modules the fold imports whose code cannot change what the state holds (exception classes only).
+_FOLD_NEUTRAL = {"libs.errors"}
+
+
+def test_code_rev_covers_every_module_the_fold_reads_events_with() -> None:
+    """A change to any module that decides the pickled state must retire old snapshots: every libs
+    module imported by a fold module is itself a fold module (or holds nothing that folds)."""
+    import ast
+    import importlib
+
+    covered = {m.__name__ for m in snap.FOLD_MODULES}
+    assert {"libs.ledger.state", "libs.events.schema", "libs.events.codec", "libs.store.rows"} <= covered
+    for module in snap.FOLD_MODULES:
+        tree = ast.parse(Path(module.__file__ or "").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        for name in sorted(i for i in imported if i.startswith("libs.")):
+            target = importlib.import_module(name)
+            if Path(target.__file__ or "").name == "__init__.py":
+                continue  # a package's own __init__ only re-exports
+            assert name in covered | _FOLD_NEUTRAL, f"{module.__name__} imports {name}, which code_rev does not hash"
+
+
+def test_code_rev_changes_with_the_fold_modules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    before = snap.code_rev()
+    for module in snap.FOLD_MODULES:
+        copy = tmp_path / f"{module.__name__}.py"
+        copy.write_bytes(Path(module.__file__ or "").read_bytes() + b"\n# changed\n")
+        monkeypatch.setattr(module, "__file__", str(copy))
+        assert snap.code_rev() != before, module.__name__
+        monkeypatch.undo()
+    assert snap.code_rev() == before

@@ -92,10 +92,13 @@ def test_init_containers_come_first_and_their_ids_are_reused() -> None:
     manifest = pod("p", ("main", 100, 0))
     manifest["spec"]["initContainers"] = [
         {"name": "setup", "resources": {"limits": {"tencent.com/vcuda-core": "300"}}}]
-    out = lines(simulate("--topology", "demo-4gpu", stdin=json.dumps(manifest)))
-    # The kubelet counts the init container's 300 IDs once (main reuses 100 of them); the allocator,
-    # as today, holds a grant for each container, so main gets the one GPU left.
-    assert [(o["container"], o["init"], o["gpus"]) for o in out] == [("setup", True, [0, 1, 2]), ("main", False, [3])]
+    after = pod("q", ("main", 100, 0))
+    out = lines(simulate("--topology", "demo-4gpu", stdin=json.dumps(manifest) + "\n" + json.dumps(after)))
+    # The kubelet counts the init container's 300 IDs once (main reuses 100 of them); as the allocator,
+    # main goes on one of setup's GPUs and takes over setup's hold: the pod is charged for one GPU.
+    assert [(o["container"], o["init"]) for o in out] == [("setup", True), ("main", False), ("main", False)]
+    assert out[0]["gpus"] == [0, 1, 2] and len(out[1]["gpus"]) == 1 and out[1]["gpus"][0] in out[0]["gpus"]
+    assert out[2]["pod"] == "default/q" and len(out[2]["gpus"]) == 1 and out[2]["gpus"] != out[1]["gpus"]
 
 
 def test_show_tree() -> None:
@@ -174,6 +177,13 @@ AGREEMENT_OPS: list[dict[str, Any]] = [
     pod("h", ("c", 100, 0)),
     pod("i", ("c", 40, 4)),
     pod("j", ("x", 20, 4), ("y", 20, 4)),
+    {"delete": "h"},
+    {"delete": "e"},
+    # An init container and an app container that reuses its devices: same GPU, charged once, so
+    # "l" still finds a whole GPU (with a grant per container it would get "no free node").
+    {**pod("k", ("run", 50, 4)), "spec": {"initContainers": gpu_pod("x", ("prep", 100, 8))["spec"]["containers"],
+                                          "containers": gpu_pod("x", ("run", 50, 4))["spec"]["containers"]}},
+    pod("l", ("c", 100, 0)),
 ]
 
 
@@ -198,7 +208,7 @@ async def test_simulate_agrees_with_the_allocator(node: Node) -> None:
         held = {a.container: sorted(s.index for s in a.shares)
                 for a in (await node.snapshot()).allocations if a.pod_name == name}
         seen.extend({"pod": f"default/{name}", "container": c["name"], "gpus": held[c["name"]]}
-                    for c in op["spec"]["containers"])
+                    for c in [*op["spec"].get("initContainers", []), *op["spec"]["containers"]])
 
     expected = []
     for o in predicted:
@@ -214,3 +224,6 @@ async def test_simulate_agrees_with_the_allocator(node: Node) -> None:
     assert any("requested number of devices unavailable" in e for e in errors)
     assert any("no free node" in e for e in errors)
     assert any("is larger than" in e for e in errors)
+    k = [o for o in predicted if o["pod"] == "default/k"]
+    assert [o["init"] for o in k] == [True, False] and k[0]["gpus"] == k[1]["gpus"]
+    assert "gpus" in predicted[-1] and predicted[-1]["pod"] == "default/l"
