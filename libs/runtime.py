@@ -98,6 +98,8 @@ def run_service(name: str, settings: Settings, factory: ServiceFactory) -> int:
     configure_logging(name, fmt=settings.log_format, level=settings.log_level)
     try:
         asyncio.run(serve_until_stopped(name, settings, factory))
+    except KeyboardInterrupt:  # SIGINT before the loop's handlers were in place: nothing had started
+        return 0
     except Exception as exc:  # the process ends here: report once, in the log's format
         get_logger(name).error("service failed", error=str(exc), exc_info=exc)
         return 1
