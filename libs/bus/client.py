@@ -40,6 +40,9 @@ Rep = TypeVar("Rep")
 
 _log = get_logger("bus")
 
+RECONNECT_WAIT_S = 0.5
+FIRST_CONNECT_MAX_WAIT_S = 2.0  # the first connect's backoff doubles up to this
+
 
 class Bus:
     def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
@@ -57,11 +60,14 @@ class Bus:
         """
         errors: list[str] = []
 
+        nc = NatsClient()
+        first_connect = True
+
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc) or type(exc).__name__)
             _log.warning("nats error", url=url, error=errors[-1])
-
-        nc = NatsClient()
+            if first_connect:  # back off between its attempts (nats-py reads this option per attempt)
+                nc.options["reconnect_time_wait"] = min(nc.options["reconnect_time_wait"] * 2, FIRST_CONNECT_MAX_WAIT_S)
 
         async def on_disconnect() -> None:
             if not (nc.is_closed or nc.is_draining):
@@ -76,7 +82,7 @@ class Bus:
             name=name,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
+            reconnect_time_wait=RECONNECT_WAIT_S,
             connect_timeout=2,
             error_cb=on_error,
             disconnected_cb=on_disconnect,
@@ -94,6 +100,8 @@ class Bus:
             if isinstance(exc, (OSError, nats.errors.Error)):
                 raise BusError(f"cannot reach NATS at {url}: {exc}") from exc
             raise
+        first_connect = False
+        nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S  # later reconnects keep the short wait
         return cls(nc, Subjects(node))
 
     @property
