@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from libs.config import Settings
@@ -29,7 +29,14 @@ async def serve_until_stopped(name: str, settings: Settings, factory: ServiceFac
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with factory(settings) as svc:
+        cm = factory(settings)
+        # Starting may wait on things that are not there yet (NATS, the kubelet): a signal must end
+        # that wait too, so the start runs as a task raced against the stop event.
+        svc = await _start_or_stop(cm, stop)
+        if svc is _STOPPED:
+            log.info("stopped before the service started")
+            return
+        async with _entered(cm):
             log.info("service started", node=settings.node_name)
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
             supervisor = getattr(svc, "supervisor", None)
@@ -46,10 +53,53 @@ async def serve_until_stopped(name: str, settings: Settings, factory: ServiceFac
     log.info("service stopped")
 
 
+_STOPPED = object()
+
+
+async def _start_or_stop(cm: AbstractAsyncContextManager[Any], stop: asyncio.Event) -> Any:
+    """``await cm.__aenter__()``, unless ``stop`` is set first: then cancel the start and return _STOPPED."""
+    enter = asyncio.ensure_future(cm.__aenter__())
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([enter, stopper], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not enter.done():
+            enter.cancel()  # the factory's own cleanups run as the cancellation unwinds it
+            # Bounded: its cleanups should finish before the loop closes, but must not hold the stop.
+            await asyncio.wait([enter], timeout=STOP_UNWIND_S)
+    if not enter.done() or enter.cancelled():
+        return _STOPPED
+    if enter.exception() is not None and stop.is_set():
+        return _STOPPED  # it failed because it was being stopped
+    svc = enter.result()  # raises the start's own error
+    if stop.is_set():  # started in the same instant as the signal: leave it again
+        await cm.__aexit__(None, None, None)
+        return _STOPPED
+    return svc
+
+
+STOP_UNWIND_S = 5.0
+
+
+@asynccontextmanager
+async def _entered(cm: AbstractAsyncContextManager[Any]) -> AsyncIterator[None]:
+    """Leave an already entered context manager, passing on any exception."""
+    try:
+        yield
+    except BaseException as exc:
+        if not await cm.__aexit__(type(exc), exc, exc.__traceback__):
+            raise
+    else:
+        await cm.__aexit__(None, None, None)
+
+
 def run_service(name: str, settings: Settings, factory: ServiceFactory) -> int:
     configure_logging(name, fmt=settings.log_format, level=settings.log_level)
     try:
         asyncio.run(serve_until_stopped(name, settings, factory))
+    except KeyboardInterrupt:  # SIGINT before the loop's handlers were in place: nothing had started
+        return 0
     except Exception as exc:  # the process ends here: report once, in the log's format
         get_logger(name).error("service failed", error=str(exc), exc_info=exc)
         return 1

@@ -12,7 +12,7 @@ nobody answers in time raises ``BusTimeout``: no wait in gpuledger is unbounded.
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -40,6 +40,9 @@ Rep = TypeVar("Rep")
 
 _log = get_logger("bus")
 
+RECONNECT_WAIT_S = 0.5
+FIRST_CONNECT_MAX_WAIT_S = 2.0  # the first connect's backoff doubles up to this
+
 
 class Bus:
     def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
@@ -48,43 +51,58 @@ class Bus:
         self._subs: list[Subscription] = []
 
     @classmethod
-    async def connect(cls, url: str, *, name: str, node: str, wait: float = 30.0) -> Bus:
-        """Connect, retrying for up to ``wait`` seconds while the server starts; reconnect forever after."""
+    async def connect(cls, url: str, *, name: str, node: str, wait: float | None = None) -> Bus:
+        """Connect, retrying while the server is not up; reconnect forever after.
+
+        ``wait`` bounds the first connect (a CLI command fails with BusError after it); ``None`` (a
+        service) keeps trying, logging each failed attempt, so the service starts when NATS comes up:
+        its caller cancels the wait on a stop signal, and the half-open client is closed then too.
+        """
+        errors: list[str] = []
+
+        nc = NatsClient()
+        first_connect = True
 
         async def on_error(exc: Exception) -> None:
-            _log.warning("nats error", error=str(exc) or type(exc).__name__)
-
-        holder: list[NatsClient] = []
+            errors.append(str(exc) or type(exc).__name__)
+            _log.warning("nats error", url=url, error=errors[-1])
+            if first_connect:  # back off between its attempts (nats-py reads this option per attempt)
+                nc.options["reconnect_time_wait"] = min(nc.options["reconnect_time_wait"] * 2, FIRST_CONNECT_MAX_WAIT_S)
 
         async def on_disconnect() -> None:
-            if holder and not (holder[0].is_closed or holder[0].is_draining):
+            if not (nc.is_closed or nc.is_draining):
                 _log.warning("nats disconnected", url=url)
 
         async def on_reconnect() -> None:
             _log.info("nats reconnected", url=url)
 
-        deadline = time.monotonic() + wait
-        delay = 0.1
-        while True:
-            try:
-                nc = await nats.connect(
-                    url,
-                    name=name,
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    connect_timeout=2,
-                    error_cb=on_error,
-                    disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
-                )
-                holder.append(nc)
-                return cls(nc, Subjects(node))
-            except (OSError, nats.errors.NoServersError, nats.errors.TimeoutError) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise BusError(f"cannot reach NATS at {url} within {wait:g}s: {exc}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        # nats-py retries the first connect itself (max_reconnect_attempts=-1), every reconnect_time_wait.
+        connecting = nc.connect(
+            url,
+            name=name,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=RECONNECT_WAIT_S,
+            connect_timeout=2,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+        try:
+            await (connecting if wait is None else asyncio.wait_for(connecting, wait))
+        except BaseException as exc:
+            # Cancelled (a stop signal), timed out or failed: nothing of the attempt may stay behind.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(nc.close()), 2)
+            if isinstance(exc, TimeoutError) and wait is not None:
+                last = errors[-1] if errors else "no answer"
+                raise BusError(f"cannot reach NATS at {url} within {wait:g}s: {last}") from exc
+            if isinstance(exc, (OSError, nats.errors.Error)):
+                raise BusError(f"cannot reach NATS at {url}: {exc}") from exc
+            raise
+        first_connect = False
+        nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S  # later reconnects keep the short wait
+        return cls(nc, Subjects(node))
 
     @property
     def js(self) -> JetStreamContext:

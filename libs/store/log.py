@@ -123,6 +123,12 @@ class EventLog:
             cb(last_seq)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._writer.stop)
-        await self.queries.close()
-        self._unlock()
+        # Each step runs even if an earlier one fails or the closing task is cancelled: the reader's
+        # thread would otherwise keep the process alive.
+        try:
+            await asyncio.to_thread(self._writer.stop)
+        finally:
+            try:
+                await self.queries.close()
+            finally:
+                self._unlock()

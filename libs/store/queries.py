@@ -1,19 +1,22 @@
 """Small reads from the event loop: the outbox relay's "events after seq N", a command's events.
 
-Each query runs in a worker thread on its own short-lived read-only connection, opened and closed
-inside that thread. A caller cancelled mid-query (a service stopping) therefore never leaves a
-connection, or a connection thread, behind: the thread finishes the query, closes, and is done.
-(An aiosqlite connection left open by a cancelled task keeps its non-daemon thread alive and the
-process from exiting.) Bulk replay does not come here (see replay.py).
+One long-lived read-only aiosqlite connection, owned here and closed by ``close()`` (EventLog.close).
+Its worker thread is not a daemon, so its lifetime is tied to that one call, never to a reader's task:
+a reader cancelled mid-query only drops its result (the thread finishes the query, which runs and
+fetches in one call, and the connection stays usable); ``close()`` queues the thread's end before it
+awaits anything, so even a cancelled close ends it. Bulk replay does not come here (see replay.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import contextlib
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
+
+from libs.errors import StoreError
 from libs.events.codec import StoredEvent
 from libs.store.rows import COLUMNS, row_to_stored
 
@@ -23,23 +26,52 @@ __all__ = ["LogQueries"]
 class LogQueries:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._conn: aiosqlite.Connection | None = None
+        self._opening = asyncio.Lock()
+        self._closed = False
 
-    def _rows(self, sql: str, args: tuple[Any, ...]) -> list[StoredEvent]:
-        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
-        try:
-            conn.execute("PRAGMA busy_timeout=5000")
-            return [row_to_stored(r) for r in conn.execute(sql, args).fetchall()]
-        finally:
-            conn.close()
+    async def _connection(self) -> aiosqlite.Connection:
+        async with self._opening:
+            if self._closed:
+                raise StoreError(f"the event log {self.path} is closed")
+            if self._conn is None:
+                # A cancelled open stops its own thread (aiosqlite does so on any error in connect).
+                conn = await aiosqlite.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+                if self._closed:  # closed while opening
+                    conn.stop()
+                    raise StoreError(f"the event log {self.path} is closed")
+                self._conn = conn
+                await conn.execute("PRAGMA busy_timeout=5000")
+            return self._conn
+
+    async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[StoredEvent]:
+        conn = await self._connection()
+        rows = await conn.execute_fetchall(sql, args)
+        return [row_to_stored(r) for r in rows]
 
     async def read_after(self, after_seq: int, limit: int = 512) -> list[StoredEvent]:
         sql = f"SELECT {COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
-        return await asyncio.to_thread(self._rows, sql, (after_seq, limit))
+        return await self._rows(sql, (after_seq, limit))
 
     async def by_command(self, command_id: str) -> list[StoredEvent]:
         """The events a command appended (the ``events_command`` index), in seq order."""
         sql = f"SELECT {COLUMNS} FROM events WHERE command_id = ? ORDER BY seq"
-        return await asyncio.to_thread(self._rows, sql, (command_id,))
+        return await self._rows(sql, (command_id,))
 
     async def close(self) -> None:
-        """Nothing stays open between queries; kept so callers need not know."""
+        """End the connection and its thread, after any query it is still running.
+
+        ``stop()`` queues the close and the thread's end synchronously, so nothing here can be
+        cancelled half-way; the wait for it is only so the thread is gone when this returns.
+        """
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        done = conn.stop()
+        if done is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(done), CLOSE_WAIT_S)
+
+
+CLOSE_WAIT_S = 10.0
