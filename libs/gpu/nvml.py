@@ -16,7 +16,7 @@ from libs.errors import GpuError
 from libs.events.schema import GpuInfo
 from libs.gpu.inventory import Inventory
 
-__all__ = ["NvmlBackend", "NvmlUnavailable"]
+__all__ = ["NvmlBackend", "NvmlUnavailable", "init_nvml"]
 
 T = TypeVar("T")
 
@@ -33,6 +33,19 @@ class NvmlUnavailable(GpuError):
             f"NVML is not available: {reason}; use --gpus fake:FILE (or fake) to run without GPUs"
         )
         self.reason = reason
+
+
+def init_nvml() -> ModuleType:
+    """The pynvml module after ``nvmlInit`` (each caller pairs it with ``nvmlShutdown``), or NvmlUnavailable."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NvmlUnavailable(f"cannot import pynvml ({exc}); install nvidia-ml-py") from exc
+    try:
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError, OSError) as exc:
+        raise NvmlUnavailable(_why(exc)) from exc
+    return pynvml
 
 
 def _why(exc: BaseException) -> str:
@@ -64,15 +77,7 @@ class NvmlBackend:
     """GpuBackend over NVML: `nvmlInit` in the constructor, `nvmlShutdown` in `close`."""
 
     def __init__(self) -> None:
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise NvmlUnavailable(f"cannot import pynvml ({exc}); install nvidia-ml-py") from exc
-        self._nv: ModuleType = pynvml
-        try:
-            pynvml.nvmlInit()
-        except (pynvml.NVMLError, OSError) as exc:
-            raise NvmlUnavailable(_why(exc)) from exc
+        self._nv: ModuleType = init_nvml()
         self._open = True
 
     def __enter__(self) -> NvmlBackend:

@@ -18,7 +18,7 @@ from typing import Any
 from libs.gpu.health import ECC_DOUBLE, ECC_SINGLE, XID, GpuEvent
 from libs.gpu.inventory import Inventory
 from libs.gpu.monitor import GpuSample, ProcessSample, container_id_of
-from libs.gpu.nvml import NvmlUnavailable, _text, _why
+from libs.gpu.nvml import _text, _why, init_nvml
 from libs.log import get_logger
 
 __all__ = ["NvmlMonitor"]
@@ -28,15 +28,8 @@ _log = get_logger("gpu")
 
 class NvmlMonitor:
     def __init__(self, inventory: Inventory, *, proc: Path = Path("/proc")) -> None:
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise NvmlUnavailable(f"cannot import pynvml ({exc})") from exc
+        pynvml = init_nvml()
         self._nv: ModuleType = pynvml
-        try:
-            pynvml.nvmlInit()
-        except (pynvml.NVMLError, OSError) as exc:
-            raise NvmlUnavailable(_why(exc)) from exc
         self._proc = proc
         self._lock = threading.Lock()  # NVML is thread-safe, but our timestamps and handles are not
         self._closed = False

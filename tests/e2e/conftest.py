@@ -138,15 +138,20 @@ async def _base(stack: AsyncExitStack, root: Path, url: str, settings: Settings)
 async def node(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
     settings = settings_for(short_dir, nats_server.url)
     async with AsyncExitStack() as stack:
-        node = await _base(stack, short_dir, nats_server.url, settings)
-        node.services = {
-            "allocator": await stack.enter_async_context(allocator_app.service(settings)),
-            "watchdog": await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=1.0)),
-            "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
-            "registrar": await stack.enter_async_context(registrar_app.service(settings)),
-        }
-        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
-        yield node
+        yield await start_in_process(stack, short_dir, nats_server.url, settings)
+
+
+async def start_in_process(stack: AsyncExitStack, root: Path, url: str, settings: Settings) -> Node:
+    """The simulator and the four services in this process, registered with the simulated kubelet."""
+    node = await _base(stack, root, url, settings)
+    node.services = {
+        "allocator": await stack.enter_async_context(allocator_app.service(settings)),
+        "watchdog": await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=1.0)),
+        "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
+        "registrar": await stack.enter_async_context(registrar_app.service(settings)),
+    }
+    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
+    return node
 
 
 @pytest.fixture

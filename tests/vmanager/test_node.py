@@ -12,12 +12,7 @@ from pathlib import Path
 import pytest
 
 from libs.bus.server import NatsServer
-from libs.kube.pods import RESOURCE_VCORE
-from services.allocator import app as allocator_app
-from services.registrar import app as registrar_app
-from services.vmanager import app as vmanager_app
-from services.watchdog import app as watchdog_app
-from tests.e2e.conftest import Node, _base, gpu_pod, settings_for
+from tests.e2e.conftest import Node, gpu_pod, settings_for, start_in_process
 
 
 async def _gone(path: Path, timeout: float = 15) -> None:
@@ -34,15 +29,7 @@ async def hami_node(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[N
     settings = settings_for(short_dir, nats_server.url, limit_delivery="hami-core", hami_library=str(library),
                             hami_lock_dir=str(short_dir / "vgpulock"))
     async with AsyncExitStack() as stack:
-        node = await _base(stack, short_dir, nats_server.url, settings)
-        node.services = {
-            "allocator": await stack.enter_async_context(allocator_app.service(settings)),
-            "watchdog": await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=1.0)),
-            "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
-            "registrar": await stack.enter_async_context(registrar_app.service(settings)),
-        }
-        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
-        yield node
+        yield await start_in_process(stack, short_dir, nats_server.url, settings)
 
 
 async def test_hami_core_mode_end_to_end(hami_node: Node) -> None:
