@@ -158,9 +158,14 @@ async def start_in_process(stack: AsyncExitStack, root: Path, url: str, settings
 async def node_processes(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
     settings = settings_for(short_dir, nats_server.url, log_format="json")
     async with AsyncExitStack() as stack:
-        node = await _base(stack, short_dir, nats_server.url, settings)
-        node.launcher = Launcher(settings, embedded_nats=False, log_dir=short_dir / "logs")
-        stack.push_async_callback(node.launcher.stop)
-        await node.launcher.start_services()
-        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
-        yield node
+        yield await start_processes(stack, short_dir, nats_server.url, settings)
+
+
+async def start_processes(stack: AsyncExitStack, root: Path, url: str, settings: Settings) -> Node:
+    """The simulator here and the four services as their own processes (logs in ROOT/logs)."""
+    node = await _base(stack, root, url, settings)
+    node.launcher = Launcher(settings, embedded_nats=False, log_dir=root / "logs")
+    stack.push_async_callback(node.launcher.stop)
+    await node.launcher.start_services()
+    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
+    return node

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.kube.pods import RESOURCE_VCORE
-from tests.e2e.conftest import Node, _base, gpu_pod, settings_for
+from tests.e2e.conftest import Node, gpu_pod, settings_for, start_processes
 from tests.observability.conftest import HEALTH, free_port_base, scrape, value
 
 pytestmark = pytest.mark.slow
@@ -28,12 +27,7 @@ async def processes(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[N
     settings = settings_for(short_dir, nats_server.url, log_format="json", log_level="debug",
                             metrics_port=free_port_base(), metrics_host="127.0.0.1", **HEALTH)
     async with AsyncExitStack() as stack:
-        node = await _base(stack, short_dir, nats_server.url, settings)
-        node.launcher = Launcher(settings, embedded_nats=False, log_dir=short_dir / "logs")
-        stack.push_async_callback(node.launcher.stop)
-        await node.launcher.start_services()
-        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
-        yield node
+        yield await start_processes(stack, short_dir, nats_server.url, settings)
 
 
 def _lines(log_dir: Path, service: str) -> list[dict[str, Any]]:
