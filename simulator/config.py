@@ -40,6 +40,7 @@ class SimConfig:
     options_timeout: float = 30.0  # cap on GetDevicePluginOptions during Register (kubelet: none)
     dial_timeout: float = 10.0  # blocking dial of a plugin socket at Register (kubelet: 10 s)
     prestart_timeout: float = 30.0  # PreStartContainer deadline (kubelet: 30 s)
+    container_retry_backoff: float = 1.0  # first wait before a failed container start is tried again; 0: never
     bookmark_interval: float = 5.0  # seconds between watch BOOKMARK events when asked for
     watch_history: int = 1000  # watch events kept for resumption by resourceVersion
     deletion_delay: float = 0.0  # time a deleted pod stays "terminating" before it disappears

@@ -8,8 +8,9 @@
   the next pod's admission, as in a kubelet): init containers one by one, then app containers.
   A container whose device options fail (PreStartContainer error, stopped endpoint ...) stays
   waiting with reason CreateContainerConfigError, which is what the kubelet reports for errors
-  from GenerateRunContainerOptions. The simulator does not retry it (a kubelet would, with
-  backoff); the pod stays Pending.
+  from GenerateRunContainerOptions, and is tried again, as the kubelet's pod sync does, after
+  ``container_retry_backoff`` seconds, doubling up to 10 s, while the pod is active
+  (``container_retry_backoff=0``: no retry, the pod stays Pending).
 * Deleting a pod: deletionTimestamp set and running containers terminated (one MODIFIED), then
   the object is removed (DELETED). Devices come back only at the next GC trigger.
 """
@@ -171,10 +172,7 @@ class Kubelet:
             return
         for container in inits:
             started = now_rfc3339()
-            error = await self._start_container(pod, container)
-            if error is not None:
-                init_st[container["name"]] = waiting(container, CREATE_CONFIG_ERROR, error)
-                self._write_status(pod, init_st, app_st, extra)
+            if not await self._start_with_retries(pod, container, init_st, (init_st, app_st, extra)):
                 return
             cid = container_id()
             if is_sidecar(container):
@@ -186,12 +184,26 @@ class Kubelet:
                 return
         for container in apps:
             started = now_rfc3339()
-            error = await self._start_container(pod, container)
-            if error is not None:
-                app_st[container["name"]] = waiting(container, CREATE_CONFIG_ERROR, error)
-            else:
+            if await self._start_with_retries(pod, container, app_st, (init_st, app_st, extra)):
                 app_st[container["name"]] = running(container, container_id(), started)
         self._write_status(pod, init_st, app_st, extra)
+
+    async def _start_with_retries(
+        self, pod: dict[str, Any], container: dict[str, Any], states: dict[str, Any],
+        status: tuple[dict[str, Any], dict[str, Any], dict[str, Any]],
+    ) -> bool:
+        """Start one container, trying again with backoff while it fails and the pod is active.
+        Each failure is published as CreateContainerConfigError, as the kubelet shows it."""
+        delay = self._cfg.container_retry_backoff
+        while True:
+            error = await self._start_container(pod, container)
+            if error is None:
+                return True
+            states[container["name"]] = waiting(container, CREATE_CONFIG_ERROR, error)
+            if not self._write_status(pod, *status) or delay <= 0 or not self.is_uid_active(pod_uid(pod)):
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     async def _start_container(self, pod: dict[str, Any], container: dict[str, Any]) -> str | None:
         """Device options for one container (PreStartContainer included); the error text or None."""

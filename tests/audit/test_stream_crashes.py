@@ -38,8 +38,8 @@ async def allocator_back(node: Node, timeout: float = 40) -> None:
 
 
 def start_failed(pod: dict) -> bool:
-    """A container that could not start: its PreStartContainer met the dead allocator. The simulator,
-    unlike a kubelet, does not retry it, so such a pod stays Pending for good."""
+    """A container that could not start yet: its PreStartContainer met the dead allocator. The simulated
+    kubelet tries again with backoff; a failed first start is already an outcome of the crash."""
     return any((c.get("state") or {}).get("waiting", {}).get("reason") == "CreateContainerConfigError"
                for c in pod["status"].get("containerStatuses") or [])
 

@@ -84,6 +84,25 @@ async def test_prestart_failure_leaves_container_waiting(make_plugin, sim) -> No
     )
 
 
+async def test_a_failed_container_start_is_tried_again_with_the_same_devices(make_plugin, sim) -> None:
+    plugin = await make_plugin(count=2, pre_start_required=True)
+    plugin.prestart_error = "allocator did not answer"
+    pod = await sim.create_pod(pod_manifest("p", [ctr("a", {GPU: 1})]))
+
+    def waiting(p):
+        sts = (p.get("status") or {}).get("containerStatuses") or []
+        return bool(sts) and sts[0]["state"].get("waiting", {}).get("reason") == "CreateContainerConfigError"
+
+    await sim.wait_for_pod("default", "p", waiting, timeout=5)
+    plugin.prestart_error = None  # the plugin recovers; the kubelet's next try succeeds
+    await sim.wait_for_pod("default", "p", phase_is("Running"), timeout=10)
+    prestarts = plugin.calls("PreStartContainer")
+    assert len(prestarts) >= 2
+    assert len(plugin.calls("Allocate")) == 1  # admission is not repeated: the same devices are kept
+    ids = sorted(sim.allocated_device_ids(pod["metadata"]["uid"], "a", GPU))
+    assert all(sorted(c.request.devices_ids) == ids for c in prestarts)
+
+
 async def test_init_container_reuse_pool(make_plugin, sim) -> None:
     plugin = await make_plugin(count=4)
     manifest = pod_manifest(
