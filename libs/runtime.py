@@ -132,10 +132,17 @@ class Supervisor:
         err = exc or RuntimeError(f"background task {task.get_name()} ended unexpectedly")
         self.failure.set_exception(err)
 
-    async def aclose(self) -> None:
-        for task in list(self._tasks):
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """Cancel every task and wait for them, at most ``timeout`` seconds: a task that ignores its
+        cancellation is reported (with where it is stuck) instead of holding the service's stop forever."""
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if tasks:
+            _done, stuck = await asyncio.wait(tasks, timeout=timeout)
+            for task in stuck:
+                where = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack()]
+                get_logger(self.name).error("task did not stop when cancelled", task=task.get_name(), at=where)
         if not self.failure.done():
             self.failure.cancel()
         elif not self.failure.cancelled():

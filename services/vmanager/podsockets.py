@@ -178,11 +178,21 @@ class PodSockets:
         for pod_uid in [p for p in self.servers if p not in live]:
             await self.teardown(pod_uid)
 
-    async def close(self) -> None:
-        """Stop every server; directories stay (the pods' containers still mount them)."""
-        async with self._lock:
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop every server; directories stay (the pods' containers still mount them). A prepare that
+        still holds the lock gets ``timeout`` seconds to finish; the stop goes on without it after that."""
+        held = False
+        try:
+            await asyncio.wait_for(self._lock.acquire(), timeout)
+            held = True
+        except TimeoutError:
+            _log.error("vcuda.sock servers stopped while a prepare still held them", timeout=timeout)
+        try:
             servers, self.servers = self.servers, {}
             await asyncio.gather(*(r.server.close() for r in servers.values()))
             if self._backend_server is not None:
                 await self._backend_server.stop(self.grace)
                 self._backend_server = None
+        finally:
+            if held:
+                self._lock.release()
