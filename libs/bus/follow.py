@@ -60,6 +60,7 @@ class LogFollower:
             try:
                 await self._follow_once(stream)
             except (nats.errors.Error, APIError, OSError) as exc:
+                _raise_if_cancelling(exc)
                 # The broker went away (or restarted and forgot our ephemeral consumer): start again
                 # from our own position, which is all the state a follower needs.
                 _log.info("resubscribing to the event stream", after_seq=self.last_seq,
@@ -80,7 +81,8 @@ class LogFollower:
             while True:
                 try:
                     msg = await sub.next_msg(timeout=self.idle_check)
-                except nats.errors.TimeoutError:
+                except nats.errors.TimeoutError as exc:
+                    _raise_if_cancelling(exc)
                     if self.bus.nc.stats["reconnects"] != reconnects:
                         raise _Reconnected() from None
                     continue
@@ -90,7 +92,6 @@ class LogFollower:
                 if record.seq != self.last_seq + 1:  # a gap: never skip events, read from our position again
                     raise _Reconnected(f"gap: expected seq {self.last_seq + 1}, got {record.seq}")
                 stored = from_record(record)
-                # The command that caused the event (an Allocate's request id): its log lines follow it here.
                 # The command that caused the event (an Allocate's request id) and the allocation and pod it
                 # concerns: the handler's log lines can be followed back to it.
                 bound = correlation(stored.event, request_id=stored.command_id)
@@ -104,6 +105,14 @@ class LogFollower:
         finally:
             with contextlib.suppress(nats.errors.Error, APIError, OSError):
                 await sub.unsubscribe()
+
+
+def _raise_if_cancelling(exc: BaseException) -> None:
+    """nats-py can turn a cancellation into one of its own errors (``next_msg`` on a closing
+    connection): a follower being stopped must stop, not resubscribe."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
 
 
 class _Reconnected(nats.errors.Error):
