@@ -79,6 +79,7 @@ class LogFollower:
         )
         try:
             while True:
+                _raise_if_cancelling(None)
                 try:
                     msg = await sub.next_msg(timeout=self.idle_check)
                 except nats.errors.TimeoutError as exc:
@@ -107,9 +108,10 @@ class LogFollower:
                 await sub.unsubscribe()
 
 
-def _raise_if_cancelling(exc: BaseException) -> None:
-    """nats-py can turn a cancellation into one of its own errors (``next_msg`` on a closing
-    connection): a follower being stopped must stop, not resubscribe."""
+def _raise_if_cancelling(exc: BaseException | None) -> None:
+    """A cancellation can get lost below us: ``next_msg`` turns it into ConnectionClosedError on a
+    closing connection, and Python 3.11's ``wait_for`` inside it can swallow a cancellation that
+    races its timeout or its result. A follower being stopped must stop, not read on."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError from exc
