@@ -139,6 +139,8 @@ async def _follow_durable(bus: Any, name: str, since: int, show: Any) -> None:
     from nats.js import api
     from nats.js.errors import APIError
 
+    from libs.bus.follow import raise_if_cancelling
+
     config = api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=1024,
                                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if since else api.DeliverPolicy.ALL,
                                 opt_start_seq=since + 1 if since else None)
@@ -149,12 +151,14 @@ async def _follow_durable(bus: Any, name: str, since: int, show: Any) -> None:
             while True:
                 try:
                     msgs = await psub.fetch(256, timeout=1)
-                except nats.errors.TimeoutError:
+                except nats.errors.TimeoutError as exc:
+                    raise_if_cancelling(exc)  # Ctrl-C must stop it, even when nats-py loses the cancel
                     continue
                 for msg in msgs:
                     show(from_record(msgspec.json.decode(msg.data, type=EventRecord)))
                     await msg.ack_sync(timeout=5)
-        except (nats.errors.Error, APIError, OSError):
+        except (nats.errors.Error, APIError, OSError) as exc:
+            raise_if_cancelling(exc)
             await asyncio.sleep(0.5)  # the broker is away: the consumer's position waits on the server
 
 

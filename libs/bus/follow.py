@@ -24,7 +24,7 @@ from libs.bus.client import Bus
 from libs.events.codec import EventRecord, StoredEvent, from_record
 from libs.log import correlation, get_logger
 
-__all__ = ["LogFollower"]
+__all__ = ["LogFollower", "raise_if_cancelling"]
 
 _log = get_logger("follow")
 
@@ -60,7 +60,7 @@ class LogFollower:
             try:
                 await self._follow_once(stream)
             except (nats.errors.Error, APIError, OSError) as exc:
-                _raise_if_cancelling(exc)
+                raise_if_cancelling(exc)
                 # The broker went away (or restarted and forgot our ephemeral consumer): start again
                 # from our own position, which is all the state a follower needs.
                 _log.info("resubscribing to the event stream", after_seq=self.last_seq,
@@ -79,11 +79,11 @@ class LogFollower:
         )
         try:
             while True:
-                _raise_if_cancelling(None)
+                raise_if_cancelling(None)
                 try:
                     msg = await sub.next_msg(timeout=self.idle_check)
                 except nats.errors.TimeoutError as exc:
-                    _raise_if_cancelling(exc)
+                    raise_if_cancelling(exc)
                     if self.bus.nc.stats["reconnects"] != reconnects:
                         raise _Reconnected() from None
                     continue
@@ -108,7 +108,7 @@ class LogFollower:
                 await sub.unsubscribe()
 
 
-def _raise_if_cancelling(exc: BaseException | None) -> None:
+def raise_if_cancelling(exc: BaseException | None) -> None:
     """A cancellation can get lost below us: ``next_msg`` turns it into ConnectionClosedError on a
     closing connection, and Python 3.11's ``wait_for`` inside it can swallow a cancellation that
     races its timeout or its result. A follower being stopped must stop, not read on."""
