@@ -11,6 +11,7 @@ import asyncio
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from libs.bus.client import Bus
 from libs.commands import (
@@ -78,6 +79,7 @@ class Allocator:
         self.corrections = 0
         self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
         self._kubelet_warned = False
+        self.hami = HamiDelivery.from_settings(settings)
 
     async def serve(self) -> None:
         s = self.bus.subjects
@@ -108,9 +110,10 @@ class Allocator:
             return _reply(earlier)
         deadline = req.deadline or time.time() + self.settings.allocate_timeout
         started = time.perf_counter()
-        # First ask the kubelet which pods it has taken up: it admits one pod at a time, so only a
-        # pod it knows and has not given devices to yet can be the one asking (pod-resources List).
-        view = asyncio.create_task(self._kubelet_view())
+        # The kubelet's pod-resources List tells which pods it has taken up: it admits one pod at a
+        # time, so only a pod it knows and has not given devices to yet can be the one asking. Asked
+        # only when several pods could be (the kubelet rate-limits that API), at most once per request.
+        view = _KubeletView(self._kubelet_view)
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
         finally:
@@ -125,7 +128,7 @@ class Allocator:
             return None  # (verify_identity warns about it) the guess alone then
 
     async def _pick(
-        self, pods: list[Pod], cores: int, view: asyncio.Task[KubeletRecord | None], *, last_resort: bool = False,
+        self, pods: list[Pod], cores: int, view: _KubeletView, *, last_resort: bool = False,
     ) -> Candidate | None:
         """The pod and container the request is for. With one candidate, that one; with several,
         those the kubelet may be admitting, per its pod-resources (awaited only then); without its
@@ -135,8 +138,7 @@ class Allocator:
         found = candidates(pods, self.state, cores)
         if len(found) <= 1:
             return found[0] if found else None
-        await asyncio.wait({view}, timeout=self.settings.request_timeout)
-        record = view.result() if view.done() and not view.cancelled() else None
+        record = await view.get(self.settings.request_timeout)
         if record is None:
             return found[0]
         narrowed = [c for c in found if record.admitting(c.pod)]
@@ -149,7 +151,7 @@ class Allocator:
                        for a in self.state.allocations.values())
 
     async def _lookup_and_grant(
-        self, req: AllocateRequest, deadline: float, started: float, view: asyncio.Task[KubeletRecord | None],
+        self, req: AllocateRequest, deadline: float, started: float, view: _KubeletView,
     ) -> AllocateReply:
         cores = len(req.device_ids)
         lookups = 0
@@ -182,7 +184,7 @@ class Allocator:
             fresh = True
 
     async def _grant_notified(
-        self, req: AllocateRequest, deadline: float, started: float, view: asyncio.Task[KubeletRecord | None],
+        self, req: AllocateRequest, deadline: float, started: float, view: _KubeletView,
     ) -> AllocateReply | None:
         """Match against our copy of the watchdog's notifications: no request at all when the pod is
         in. When it is not (the kubelet admits a pod before its watch event has gone through the
@@ -216,7 +218,7 @@ class Allocator:
             shares=shares, cores=cores, memory=memory, pod_uid=pod.uid,
             vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
             compat32=(container.env_value("compat32") or "").lower() == "true", extra_devices=self.extra_devices,
-            hami=HamiDelivery.from_settings(self.settings), container=container.name,
+            hami=self.hami, container=container.name,
         )
         if time.time() > deadline:
             raise ServiceError(504, "the kubelet's deadline passed before the grant could be recorded")
@@ -420,3 +422,22 @@ class Allocator:
 def _reply(alloc: Allocation) -> AllocateReply:
     return AllocateReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, namespace=alloc.namespace,
                          pod_name=alloc.pod_name, container=alloc.container, response=alloc.response)
+
+
+class _KubeletView:
+    """The kubelet's pod-resources List for one Allocate: started on the first ``get``, shared after."""
+
+    def __init__(self, fetch: Callable[[], Awaitable[KubeletRecord | None]]) -> None:
+        self._fetch = fetch
+        self._task: asyncio.Task[KubeletRecord | None] | None = None
+
+    async def get(self, timeout: float) -> KubeletRecord | None:
+        """The record, or None when the kubelet did not answer within ``timeout``."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._fetch())
+        await asyncio.wait({self._task}, timeout=timeout)
+        return self._task.result() if self._task.done() and not self._task.cancelled() else None
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
