@@ -36,7 +36,7 @@ from libs.events.schema import (
     GpuShare,
     InventoryRecorded,
 )
-from libs.store.replay import iter_rows, open_reader, seq_at_time
+from libs.store.replay import iter_rows, last_seq_wanted, open_reader
 from libs.store.rows import COLUMNS, row_to_stored
 
 __all__ = ["AuditView", "GpuHolding", "Holding", "audit_replay", "grant_device_ids", "iter_views"]
@@ -327,9 +327,7 @@ def audit_replay(
     """The holdings right after ``upto_seq`` / at ``upto_time`` (both: the earlier), else now."""
     conn = open_reader(path)
     try:
-        if upto_time is not None:
-            bound = seq_at_time(conn, upto_time)
-            upto_seq = bound if upto_seq is None else min(upto_seq, bound)
+        upto_seq = last_seq_wanted(conn, upto_seq, upto_time)
         fold = _Fold(partial(grant_device_ids, conn))
         apply = fold.apply
         for seq, at, view in iter_views(conn, upto_seq=upto_seq):
