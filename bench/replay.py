@@ -57,19 +57,18 @@ def main() -> None:
         write_log(path, synthetic(args.events))
     count = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT MAX(seq) FROM events").fetchone()[0]
 
-    def floor() -> None:
+    def scan(columns: str) -> None:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        cur = conn.execute("SELECT * FROM events ORDER BY seq")
+        cur = conn.execute(f"SELECT {columns} FROM events ORDER BY seq")
         while cur.fetchmany(CHUNK):
             pass
         conn.close()
 
+    def floor() -> None:
+        scan("*")
+
     def narrow_floor() -> None:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        cur = conn.execute("SELECT seq, recorded_at, type, schema_v, payload FROM events ORDER BY seq")
-        while cur.fetchmany(CHUNK):
-            pass
-        conn.close()
+        scan("seq, recorded_at, type, schema_v, payload")
 
     def audit() -> None:
         assert audit_replay(path).seq == count
