@@ -1,5 +1,6 @@
-"""Allocator composition root: log -> replayed state -> GPU inventory -> NATS handlers -> outbox relay,
-plus the kubelet's pod-resources client (pod identity) and the API client (extender annotations)."""
+"""Allocator composition root: log -> replayed state -> the ledger (the one writer) -> GPU inventory ->
+NATS handlers -> outbox relay -> GPU health and usage -> metrics, plus the kubelet's pod-resources
+client (pod identity) and the API client (extender annotations)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,28 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from libs.bus import Bus, Relay
 from libs.config import Settings
 from libs.gpu import load_inventory
+from libs.gpu.monitor import open_monitor
 from libs.kube.source import make_client
 from libs.ledger.snapshot import SnapshotKeeper, load_state
 from libs.log import get_logger
+from libs.metrics import MetricsServer
 from libs.runtime import Supervisor
 from libs.store import EventLog
 from services.allocator.extender import AnnotationWriter
 from services.allocator.extraconfig import default_devices
 from services.allocator.handlers import Allocator
-from services.allocator.inventory import inventory_event
-from services.allocator.metrics import Observability, observe
+from services.allocator.health import HealthWatcher
+from services.allocator.inventory import record_inventory
+from services.allocator.ledger import Ledger
+from services.allocator.metrics import AllocatorMetrics, serving_metrics
 from services.allocator.podcache import PodCache
 from services.allocator.podresources import KubeletPodResources
+from services.allocator.usage import UsageSampler
 
 __all__ = ["AllocatorService", "service"]
 
@@ -31,10 +38,14 @@ _POD_RESYNC = 30.0  # seconds between full resyncs of the allocator's pod cache 
 
 @dataclass
 class AllocatorService:
+    ledger: Ledger
     handlers: Allocator
     relay: Relay
     supervisor: Supervisor
-    observability: Observability | None = None  # issue 7: metrics, health, usage
+    health: HealthWatcher
+    usage: UsageSampler
+    metrics: AllocatorMetrics
+    metrics_server: MetricsServer | None = None  # None when metrics are off
 
 
 @asynccontextmanager
@@ -50,11 +61,11 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
                  snapshot_seq=restored.snapshot_seq, replayed=restored.replayed)
         snapshots = SnapshotKeeper(settings.log_path, state, saved_seq=restored.snapshot_seq)
         stack.push_async_callback(snapshots.save)  # at a clean stop, so the next start replays nothing
+        metrics = AllocatorMetrics()
+        ledger = Ledger(events, state, observer=metrics)
 
         found = await asyncio.to_thread(load_inventory, settings.gpus)
-        if (changed := inventory_event(settings.node_name, found, state)) is not None:
-            for stored in await events.append([changed]):
-                state.apply(stored)
+        await record_inventory(ledger, settings.node_name, found)
         log.info("gpus", backend=found.backend, count=len(found.gpus))
 
         bus = await Bus.connect(settings.nats_url, name="allocator", node=settings.node_name)
@@ -73,15 +84,29 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         annotations = AnnotationWriter(client, state.pod_allocations)
         pod_cache = PodCache(bus)
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
-        handlers = Allocator(settings, events, state, bus, kubelet=kubelet, annotations=annotations,
-                             pod_cache=pod_cache, extra_devices=extra_devices)
+        handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,
+                             pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics)
         relay = Relay(bus, events)
         supervisor.spawn(relay.run(), "relay")
-        obs = await stack.enter_async_context(observe(settings, handlers, relay, found, supervisor))
+        monitor = await asyncio.to_thread(open_monitor, found, Path(settings.proc_root))
+        stack.callback(monitor.close)  # after the watcher's thread stopped
+        usage = UsageSampler(monitor, bus, interval=settings.usage_interval, timeout=settings.request_timeout)
+        health = HealthWatcher(settings, monitor, ledger, bus)
+        stack.push_async_callback(health.stop)
+        watching = [supervisor.spawn(usage.run(), "usage-sampler"), *await health.start(supervisor)]
+        stack.push_async_callback(_cancel, watching)  # nothing may use the monitor once it is closed
+        server = await stack.enter_async_context(serving_metrics(settings, metrics, state, events, relay, usage))
         supervisor.spawn(snapshots.run(), "snapshots")
         supervisor.spawn(annotations.run(), "annotations")
         supervisor.spawn(pod_cache.resync_forever(_POD_RESYNC, settings.request_timeout), "pod-cache")
         if settings.identity_check_period > 0:
             supervisor.spawn(handlers.reconcile_forever(settings.identity_check_period), "identity-check")
         await handlers.serve()
-        yield AllocatorService(handlers=handlers, relay=relay, supervisor=supervisor, observability=obs)
+        yield AllocatorService(ledger=ledger, handlers=handlers, relay=relay, supervisor=supervisor, health=health,
+                               usage=usage, metrics=metrics, metrics_server=server)
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,8 +1,9 @@
-"""The allocator's request handlers: the only code that appends to the allocation log.
+"""The allocator's request handlers: they change the allocation log only through the `Ledger`.
 
-Every change follows the same order: decide under the lock, append the event (durable when append
-returns), fold it into the in-memory state, then answer. A reply therefore never promises anything
-the log does not hold, and replaying the log rebuilds exactly the state the replies described.
+Every change follows the same order: decide under the ledger's lock (the decision is the callable
+handed to `Ledger.record`), append the event (durable when append returns), fold it into the
+in-memory state, then answer. A reply therefore never promises anything the log does not hold, and
+replaying the log rebuilds exactly the state the replies described.
 """
 
 from __future__ import annotations
@@ -32,17 +33,24 @@ from libs.commands import (
 )
 from libs.config import MEMORY_BLOCK, Settings
 from libs.errors import BusError, ServiceError
-from libs.events.codec import StoredEvent
-from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, Event, GpuShare
+from libs.events.schema import (
+    AllocationCorrected,
+    AllocationGranted,
+    AllocationRefused,
+    AllocationReleased,
+    Event,
+    GpuShare,
+)
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.ledger.state import Allocation, LedgerState
 from libs.log import get_logger
-from libs.store.log import EventLog
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
 from services.allocator.extraconfig import default_devices
 from services.allocator.hami import HamiDelivery
-from services.allocator.identity import misattributed, plan_corrections, suspects
+from services.allocator.identity import Misattributed, misattributed, plan_corrections, suspects
+from services.allocator.ledger import Ledger
 from services.allocator.matching import Candidate, candidates
+from services.allocator.observer import AllocatorObserver
 from services.allocator.placement import place
 from services.allocator.podcache import PodCache
 from services.allocator.podresources import (
@@ -64,38 +72,48 @@ _log = get_logger("allocator")
 
 class Allocator:
     def __init__(
-        self, settings: Settings, log: EventLog, state: LedgerState, bus: Bus, *,
+        self, settings: Settings, ledger: Ledger, bus: Bus, *,
         kubelet: KubeletPodResources | None = None, annotations: AnnotationWriter | None = None,
         pod_cache: PodCache | None = None, extra_devices: tuple[str, ...] | None = None,
+        observer: AllocatorObserver | None = None,
     ) -> None:
         self.settings = settings
-        self.log = log
-        self.state = state
+        self.ledger = ledger
         self.bus = bus
-        self.lock = asyncio.Lock()
         self.kubelet = kubelet
         self.pod_cache = pod_cache
-        self.annotations = annotations or AnnotationWriter(None, state.pod_allocations)
+        self.annotations = annotations or AnnotationWriter(None, ledger.state.pod_allocations)
+        self.observer = observer or AllocatorObserver()
         self.corrections = 0
         self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
         self._kubelet_warned = False
         self.hami = HamiDelivery.from_settings(settings)
 
+    @property
+    def state(self) -> LedgerState:
+        """The ledger's folded state, to read (changes go through ``self.ledger.record``)."""
+        return self.ledger.state
+
     async def serve(self) -> None:
         s = self.bus.subjects
-        await self.bus.serve(s.allocate, AllocateRequest, self.allocate)
+        await self.bus.serve(s.allocate, AllocateRequest, self._observed_allocate)
         await self.bus.serve(s.prestart, PreStartRequest, self.prestart)
         await self.bus.serve(s.release, ReleaseRequest, self.release)
         await self.bus.serve(s.inventory, InventoryRequest, self.inventory)
         await self.bus.serve(s.state, StateRequest, self.snapshot)
 
-    async def _append(self, events: list[Event], *, command_id: str | None = None) -> list[StoredEvent]:
-        stored = await self.log.append(events, command_id=command_id)
-        for ev in stored:
-            self.state.apply(ev)
-        return stored
-
     # --- Allocate ---
+    async def _observed_allocate(self, req: AllocateRequest) -> AllocateReply:
+        """`allocate`, its time from receipt to answer (a refusal's record included) told to the observer."""
+        started = time.perf_counter()
+        try:
+            reply = await self.allocate(req)
+        except BaseException as exc:
+            self.observer.allocate_done(time.perf_counter() - started, exc)
+            raise
+        self.observer.allocate_done(time.perf_counter() - started, None)
+        return reply
+
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
         try:
             return await self._allocate(req)
@@ -170,11 +188,9 @@ class Allocator:
             else:
                 unavailable = None
                 candidate = await self._pick(pods, cores, view, last_resort=fresh)
-                async with self.lock:
-                    if candidate is not None and self._still_free(candidate):
-                        found = time.perf_counter()
-                        return await self._grant(req, candidate, deadline, timing={
-                            "lookups": lookups, "lookup_ms": round((found - started) * 1000, 2), "started": started})
+                if candidate is not None and (reply := await self._grant(req, candidate, deadline,
+                                                                         lookups=lookups, started=started)):
+                    return reply
             # The pod may not have reached the watchdog's cache yet: ask the API server directly next.
             if time.time() + delay > deadline - 0.5:
                 raise unavailable or ServiceError(
@@ -198,47 +214,55 @@ class Allocator:
             lookups += 1
             version = cache.version
             candidate = await self._pick(cache.pending(), cores, view)
-            async with self.lock:
-                if candidate is not None and self._still_free(candidate):
-                    return await self._grant(req, candidate, deadline, timing={
-                        "lookups": lookups, "lookup_ms": round((time.perf_counter() - started) * 1000, 2),
-                        "started": started})
+            if candidate is not None and (reply := await self._grant(req, candidate, deadline,
+                                                                     lookups=lookups, started=started)):
+                return reply
             left = until - time.monotonic()
             if left <= 0 or not await cache.wait_for_change(version, left):
                 return None
 
     async def _grant(
-        self, req: AllocateRequest, cand: Candidate, deadline: float, timing: dict[str, float] | None = None,
-    ) -> AllocateReply:
+        self, req: AllocateRequest, cand: Candidate, deadline: float, *, lookups: int, started: float,
+    ) -> AllocateReply | None:
+        """Grant ``cand`` the request, or None when the container was granted something meanwhile
+        (checked, with the placement, under the ledger's lock)."""
         pod, container = cand.pod, cand.container
         cores = len(req.device_ids)
         memory = container.vmemory * MEMORY_BLOCK
-        shares = self._choose(req, cand, cores, memory)
-        response = build_response(
-            shares=shares, cores=cores, memory=memory, pod_uid=pod.uid,
-            vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-            compat32=(container.env_value("compat32") or "").lower() == "true", extra_devices=self.extra_devices,
-            hami=self.hami, container=container.name,
-        )
-        if time.time() > deadline:
-            raise ServiceError(504, "the kubelet's deadline passed before the grant could be recorded")
-        event = AllocationGranted(
-            alloc_id=uuid.uuid4().hex, request_id=req.request_id,
-            pod_uid=pod.uid, namespace=pod.metadata.namespace, pod_name=pod.metadata.name,
-            container=container.name, container_index=cand.index, init_container=cand.init,
-            cores=cores, memory=memory, device_ids=tuple(req.device_ids), shares=shares,
-            core_limit=core_limit(pod), response=response,
-        )
-        appending = time.perf_counter()
-        stored = await self._append([event], command_id=req.request_id)
+        timing: dict[str, float] = {}
+
+        def decide(_state: LedgerState) -> list[Event]:
+            if not self._still_free(cand):
+                return []
+            timing.update(lookups=lookups, lookup_ms=round((time.perf_counter() - started) * 1000, 2))
+            shares = self._choose(req, cand, cores, memory)
+            response = build_response(
+                shares=shares, cores=cores, memory=memory, pod_uid=pod.uid,
+                vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
+                compat32=(container.env_value("compat32") or "").lower() == "true", extra_devices=self.extra_devices,
+                hami=self.hami, container=container.name,
+            )
+            if time.time() > deadline:
+                raise ServiceError(504, "the kubelet's deadline passed before the grant could be recorded")
+            event = AllocationGranted(
+                alloc_id=uuid.uuid4().hex, request_id=req.request_id,
+                pod_uid=pod.uid, namespace=pod.metadata.namespace, pod_name=pod.metadata.name,
+                container=container.name, container_index=cand.index, init_container=cand.init,
+                cores=cores, memory=memory, device_ids=tuple(req.device_ids), shares=shares,
+                core_limit=core_limit(pod), response=response,
+            )
+            timing["appending"] = time.perf_counter()
+            return [event]
+
+        stored = await self.ledger.record(decide, command_id=req.request_id)
+        if not stored:
+            return None
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
         done = time.perf_counter()
-        timing = dict(timing or {})
-        if "started" in timing:
-            timing["total_ms"] = round((done - timing.pop("started")) * 1000, 2)
+        append_ms = round((done - timing.pop("appending")) * 1000, 2)
         _log.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
-                  gpus=[s.index for s in shares], seq=stored[0].seq, request_id=req.request_id,
-                  append_ms=round((done - appending) * 1000, 2), **timing)
+                  gpus=[s.index for s in granted.shares], seq=stored[0].seq, request_id=req.request_id,
+                  append_ms=append_ms, **timing, total_ms=round((done - started) * 1000, 2))
         if not is_predicated(pod):
             # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply).
             self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False)
@@ -267,8 +291,7 @@ class Allocator:
         event = AllocationRefused(request_id=req.request_id, resource=req.resource,
                                   device_count=len(req.device_ids), reason=reason)
         try:
-            async with self.lock:
-                await self._append([event])
+            await self.ledger.record_events([event])
         except Exception as exc:  # the refusal is still answered; only its record is lost
             _log.error("could not record a refusal", error=str(exc))
 
@@ -365,17 +388,23 @@ class Allocator:
 
     async def _correct(self, found: dict[frozenset[str], DeviceHolder], reason: str) -> None:
         pods = await self._pods(PodsRequest(fresh=True))
-        async with self.lock:
-            wrong = misattributed(self.state, found, pods)
+        wrong: list[Misattributed] = []
+        events: list[AllocationCorrected] = []
+
+        def decide(state: LedgerState) -> list[AllocationCorrected]:
+            wrong[:] = misattributed(state, found, pods)
             if not wrong:
-                return
+                return []
             try:
-                events = plan_corrections(self.state, wrong, share_mode=self.settings.share_mode,
-                                          vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-                                          extra_devices=self.extra_devices, reason=reason)
+                events[:] = plan_corrections(state, wrong, share_mode=self.settings.share_mode,
+                                             vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
+                                             extra_devices=self.extra_devices, reason=reason)
             except ServiceError as exc:
                 raise ServiceError(409, f"PreStartContainer check failed, {exc.message}") from exc
-            await self._append(list(events))
+            return events
+
+        if not await self.ledger.record(decide):
+            return
         self.corrections += len(events)
         running = {p.uid: p.status.phase == "Running" for p in pods}
         for w, ev in zip(wrong, events, strict=True):
@@ -398,15 +427,17 @@ class Allocator:
 
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
-        async with self.lock:
-            held = self.state.pod_allocations(req.pod_uid)
-            if not held:
-                return ReleaseReply(released=[])
-            events: list[Event] = [
+        held: list[Allocation] = []
+
+        def decide(state: LedgerState) -> list[Event]:
+            held[:] = state.pod_allocations(req.pod_uid)
+            return [
                 AllocationReleased(alloc_id=a.alloc_id, pod_uid=a.pod_uid, container=a.container, reason=req.reason)
                 for a in held
             ]
-            await self._append(events)
+
+        if not await self.ledger.record(decide):
+            return ReleaseReply(released=[])
         _log.info("released", pod_uid=req.pod_uid, reason=req.reason, alloc_ids=[a.alloc_id for a in held])
         return ReleaseReply(released=[a.alloc_id for a in held])
 

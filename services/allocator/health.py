@@ -1,9 +1,9 @@
 """GPU health in the allocator: NVML events and probes in, ``gpu.health`` transitions into the log.
 
-The allocator owns health because it owns the log and the placement: a transition is appended under
-the same lock as grants (so no grant lands on a GPU in the instant it turns unhealthy), folded into
-the state (placement skips the GPU from then on), and published like every event, which is how the
-registrar learns to advertise the GPU's device IDs as Unhealthy.
+The allocator owns health because it owns the log and the placement: a transition is recorded through
+the same `Ledger` as grants, so under the same lock (no grant lands on a GPU in the instant it turns
+unhealthy), folded into the state (placement skips the GPU from then on), and published like every
+event, which is how the registrar learns to advertise the GPU's device IDs as Unhealthy.
 
 NVML's event wait blocks, so it runs in its own thread with a short timeout and hands batches to the
 event loop; the probes run in the default executor. With fake GPUs, ``allocator.gpu-inject`` feeds
@@ -22,10 +22,9 @@ from libs.errors import ServiceError
 from libs.events.schema import GpuHealthChanged
 from libs.gpu.health import GpuEvent, HealthTracker, Transition, parse_xids
 from libs.gpu.monitor import FakeMonitor, GpuMonitor, InjectReply, InjectRequest, apply_injection, inject_subject
-from libs.ledger.state import LedgerState
 from libs.log import get_logger
 from libs.runtime import Supervisor
-from libs.store.log import EventLog
+from services.allocator.ledger import Ledger
 
 __all__ = ["HealthWatcher"]
 
@@ -34,13 +33,10 @@ _WAIT = 0.5  # seconds the event thread blocks in NVML before it checks whether 
 
 
 class HealthWatcher:
-    def __init__(self, settings: Settings, monitor: GpuMonitor, log: EventLog, state: LedgerState,
-                 lock: asyncio.Lock, bus: Bus) -> None:
+    def __init__(self, settings: Settings, monitor: GpuMonitor, ledger: Ledger, bus: Bus) -> None:
         self.settings = settings
         self.monitor = monitor
-        self.log = log
-        self.state = state
-        self.lock = lock
+        self.ledger = ledger
         self.bus = bus
         self.tracker = HealthTracker(ignored_xids=parse_xids(settings.health_ignored_xids),
                                      recovery_seconds=settings.health_recovery_seconds,
@@ -51,7 +47,7 @@ class HealthWatcher:
 
     async def start(self, supervisor: Supervisor) -> list[asyncio.Task[None]]:
         now = time.monotonic()
-        for gpu in self.state.gpus.values():
+        for gpu in self.ledger.state.gpus.values():
             self.tracker.restore(gpu.index, gpu.healthy, now)
         if isinstance(self.monitor, FakeMonitor):
             await self.bus.serve(inject_subject(self.bus.subjects.prefix), InjectRequest, self.inject)
@@ -94,21 +90,19 @@ class HealthWatcher:
             await self.probe_all()
 
     async def probe_all(self) -> None:
-        for index in sorted(self.state.gpus):
+        for index in sorted(self.ledger.state.gpus):
             error = await asyncio.to_thread(self.monitor.probe, index)
             await self._record(self.tracker.on_probe(index, error, time.monotonic()))
 
     async def _record(self, tr: Transition | None) -> None:
         if tr is None:
             return
-        gpu = self.state.gpus.get(tr.index)
+        gpu = self.ledger.state.gpus.get(tr.index)
         if gpu is None:
             return
         event = GpuHealthChanged(index=tr.index, uuid=gpu.uuid, healthy=tr.healthy, reason=tr.reason, xid=tr.xid,
                                  detail=tr.detail)
-        async with self.lock:
-            for stored in await self.log.append([event]):
-                self.state.apply(stored)
+        await self.ledger.record_events([event])
         log = _log.info if tr.healthy else _log.error
         log("GPU healthy again" if tr.healthy else "GPU marked unhealthy", gpu=tr.index, uuid=gpu.uuid,
             reason=tr.reason, xid=tr.xid or None, detail=tr.detail)

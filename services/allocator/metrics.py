@@ -1,20 +1,21 @@
-"""The allocator's metrics and status routes, and the wiring of GPU health and usage sampling.
+"""The allocator's metrics and status routes, and the observer that times Allocate and the log's appends.
 
 The allocator exports everything about GPUs and allocations (it holds the folded state and the GPU
 monitor): per-GPU allocated/free cores and memory and health, allocations per state, the Allocate
 latency, the log's append latency and publication lag, the sampled GPU usage, and gpu-manager's four
 container metrics with gpu-manager's labels. Every value is read from memory at scrape time.
+
+This module only reads: the health watcher and the usage sampler are built and started by the
+composition root, and the timings arrive through `AllocatorMetrics`, the observer handed to the
+ledger and the handlers when they are built (so the handlers stay free of metrics code).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import asynccontextmanager
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
@@ -24,18 +25,14 @@ from prometheus_client.registry import Collector
 from libs.bus.outbox import Relay
 from libs.config import Settings
 from libs.errors import ServiceError
-from libs.gpu.inventory import Inventory
-from libs.gpu.monitor import open_monitor
 from libs.ledger.state import LedgerState
-from libs.metrics import MetricsServer, Route, serving, timed
-from libs.runtime import Supervisor
+from libs.metrics import MetricsServer, Route, serving
 from libs.status import agent_version, graph_json, usage_json
 from libs.store.log import EventLog
-from services.allocator.handlers import Allocator
-from services.allocator.health import HealthWatcher
+from services.allocator.observer import AllocatorObserver
 from services.allocator.usage import UsageSampler
 
-__all__ = ["AllocatorCollector", "CommitTimes", "Observability", "observe"]
+__all__ = ["AllocatorCollector", "AllocatorMetrics", "CommitTimes", "serving_metrics"]
 
 MIB = 1 << 20
 ALLOCATE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -174,53 +171,37 @@ def _status_routes(state: LedgerState, usage: UsageSampler) -> dict[str, Route]:
     return {"/graph": graph, "/usage": usage_route, "/version": version}
 
 
-@dataclass
-class Observability:
-    registry: CollectorRegistry
-    health: HealthWatcher
-    usage: UsageSampler
-    server: MetricsServer | None
-
-
-async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
 def _outcome(exc: BaseException | None) -> dict[str, str]:
     if exc is None:
         return {"outcome": "granted"}
     return {"outcome": "refused" if isinstance(exc, ServiceError) else "error"}
 
 
-@asynccontextmanager
-async def observe(settings: Settings, handlers: Allocator, relay: Relay, found: Inventory,
-                  supervisor: Supervisor) -> AsyncIterator[Observability]:
-    """Health watching, usage sampling and the metrics server; enter before ``handlers.serve()``."""
-    registry = CollectorRegistry()
-    ProcessCollector(registry=registry)
-    allocate = Histogram("gpuledger_allocate_duration_seconds",
-                         "Allocate requests, from the allocator's receipt to its answer", ["outcome"],
-                         buckets=ALLOCATE_BUCKETS, registry=registry)
-    append = Histogram("gpuledger_log_append_duration_seconds", "Appending events to the log (durable on return)",
-                       [], buckets=APPEND_BUCKETS, registry=registry)
-    # Instrument by wrapping, so the handlers stay free of metrics code.
-    handlers.allocate = timed(handlers.allocate, allocate, _outcome)  # type: ignore[method-assign]
-    handlers.log.append = timed(handlers.log.append, append, lambda _exc: {})  # type: ignore[method-assign]
-    commits = CommitTimes(handlers.log)
+class AllocatorMetrics(AllocatorObserver):
+    """The allocator's registry, with the Allocate and append histograms it observes into."""
 
-    async with AsyncExitStack() as stack:
-        monitor = await asyncio.to_thread(open_monitor, found, Path(settings.proc_root))
-        stack.callback(monitor.close)  # after the watcher's thread stopped
-        usage = UsageSampler(monitor, handlers.bus, interval=settings.usage_interval,
-                             timeout=settings.request_timeout)
-        health = HealthWatcher(settings, monitor, handlers.log, handlers.state, handlers.lock, handlers.bus)
-        stack.push_async_callback(health.stop)
-        tasks = [supervisor.spawn(usage.run(), "usage-sampler"), *await health.start(supervisor)]
-        stack.push_async_callback(_cancel, tasks)  # nothing may use the monitor once it is closed
-        registry.register(AllocatorCollector(settings.node_name, handlers.state, handlers.log, relay, commits,
-                                             usage))
-        server = await stack.enter_async_context(
-            serving(settings, "allocator", registry, routes=_status_routes(handlers.state, usage)))
-        yield Observability(registry=registry, health=health, usage=usage, server=server)
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self._allocate = Histogram("gpuledger_allocate_duration_seconds",
+                                   "Allocate requests, from the allocator's receipt to its answer", ["outcome"],
+                                   buckets=ALLOCATE_BUCKETS, registry=self.registry)
+        self._append = Histogram("gpuledger_log_append_duration_seconds",
+                                 "Appending events to the log (durable on return)",
+                                 [], buckets=APPEND_BUCKETS, registry=self.registry)
+
+    def allocate_done(self, seconds: float, error: BaseException | None) -> None:
+        self._allocate.labels(**_outcome(error)).observe(seconds)
+
+    def append_done(self, seconds: float) -> None:
+        self._append.observe(seconds)
+
+
+@asynccontextmanager
+async def serving_metrics(settings: Settings, metrics: AllocatorMetrics, state: LedgerState, log: EventLog,
+                          relay: Relay, usage: UsageSampler) -> AsyncIterator[MetricsServer | None]:
+    """The metrics server, reading ``state``, the log, the relay and the last usage sample (None when off)."""
+    commits = CommitTimes(log)
+    metrics.registry.register(AllocatorCollector(settings.node_name, state, log, relay, commits, usage))
+    async with serving(settings, "allocator", metrics.registry, routes=_status_routes(state, usage)) as server:
+        yield server

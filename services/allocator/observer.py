@@ -1,0 +1,21 @@
+"""What the allocator tells whoever watches it: how long each Allocate and each append to the log took.
+
+Handed to the `Ledger` and the handlers when they are built, so that observing is part of the wiring
+and nothing replaces their methods at run time. The default observes nothing; the metrics'
+histograms implement it (`services.allocator.metrics.AllocatorMetrics`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["AllocatorObserver"]
+
+
+class AllocatorObserver:
+    """Observes nothing; subclasses override what they record. Called on the event loop, must not block."""
+
+    def allocate_done(self, seconds: float, error: BaseException | None) -> None:
+        """An Allocate answered ``seconds`` after its receipt (its refusal's record included);
+        ``error`` is what it raised, None when it granted."""
+
+    def append_done(self, seconds: float) -> None:
+        """Events were appended to the log in ``seconds`` (durable on return), or the append failed."""
