@@ -42,8 +42,8 @@ from services.allocator.extender import AnnotationWriter, core_limit, is_predica
 from services.allocator.extraconfig import default_devices
 from services.allocator.hami import HamiDelivery
 from services.allocator.identity import misattributed, plan_corrections, suspects
-from services.allocator.matching import Candidate, candidates
 from services.allocator.liveness import GONE_AT_ALLOCATE, gone_holders
+from services.allocator.matching import Candidate, candidates
 from services.allocator.placement import NoRoom, place
 from services.allocator.podcache import PodCache
 from services.allocator.podresources import (

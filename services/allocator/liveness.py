@@ -54,8 +54,8 @@ def decide_gone(state: LedgerState, record: KubeletRecord | None, cached: dict[s
     gone = []
     for uid, key in sorted(holders.items()):
         pod = cached.get(uid)
-        if pod is not None and pod.status.phase in _TERMINATED:
-            gone.append(uid)
-        elif record is not None and key not in record.containers:
+        terminated = pod is not None and pod.status.phase in _TERMINATED
+        unlisted = record is not None and key not in record.containers
+        if terminated or unlisted:
             gone.append(uid)
     return gone

@@ -7,6 +7,7 @@ Without root they are skipped, unless GPULEDGER_REQUIRE_ROOT_TESTS=1, which make
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -119,8 +120,9 @@ async def test_a_full_state_dir_fails_allocate_and_heals_with_space(nats_server,
             filler.unlink()
             pod = await node.run_pod(gpu_pod("after", ("c", 20, 1)))
             assert pod["status"]["phase"] == "Running", pod["status"]
-        done = subprocess.run([sys.executable, "-m", "gpuledger", "audit", "verify", "--state-dir", str(state)],
-                              capture_output=True, text=True, timeout=60)
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "gpuledger", "audit", "verify", "--state-dir", str(state)],
+            capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and "intact" in done.stdout, done.stdout + done.stderr
 
 
@@ -142,10 +144,10 @@ async def test_a_read_only_state_dir_is_refused_at_start(short_dir: Path) -> Non
         log = await EventLog.open(state / "ledger.sqlite")
         await log.append([ev(1)])
         await log.close()
-        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True, timeout=30)
+        await asyncio.to_thread(subprocess.run, ["mount", "-o", "remount,ro", str(state)], check=True, timeout=30)
         with pytest.raises(StartRefused, match="read-only"):
             await EventLog.open(state / "ledger.sqlite")
-        done = run_allocator(state)
+        done = await asyncio.to_thread(run_allocator, state)
         assert done.returncode == 2
         line = one_line(done)
         assert "refused to start" in line and f"the state dir {state} is read-only" in line, line
@@ -157,7 +159,7 @@ async def test_a_second_allocator_on_the_same_log_is_refused_at_start(short_dir:
     try:
         with pytest.raises(StartRefused, match="another process is writing"):
             writer_lock(state / "ledger.sqlite")
-        done = run_allocator(state)
+        done = await asyncio.to_thread(run_allocator, state)
         assert done.returncode == 2
         line = one_line(done)
         assert "refused to start" in line and "another process is writing" in line, line
