@@ -4,6 +4,8 @@
     ├── ConfigError            a setting is missing or invalid
     ├── StoreError             the event log refused or failed an operation
     │   ├── AppendOnlyViolation    something tried to change a committed row
+    │   ├── NoSpace                the disk holding the log is full: the write was rolled back whole
+    │   ├── StartRefused           this process may not write the log at all (another writer, read-only dir)
     │   └── CorruptLog             a stored event cannot be decoded (names the seq)
     ├── BusError               NATS transport problems
     │   ├── BusTimeout             no reply within the deadline
@@ -24,8 +26,10 @@ __all__ = [
     "CorruptLog",
     "GpuError",
     "GpuledgerError",
+    "NoSpace",
     "RemoteError",
     "ServiceError",
+    "StartRefused",
     "StoreError",
 ]
 
@@ -44,6 +48,14 @@ class StoreError(GpuledgerError):
 
 class AppendOnlyViolation(StoreError):
     pass
+
+
+class NoSpace(StoreError):
+    """SQLITE_FULL / ENOSPC: nothing of the failed write is in the log; the next one may succeed."""
+
+
+class StartRefused(StoreError):
+    """The service must not start; the message says why in one line (no traceback is worth printing)."""
 
 
 class CorruptLog(StoreError):

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from libs.config import Settings
+from libs.errors import StartRefused
 from libs.log import configure_logging, get_logger
 
 __all__ = ["ServiceFactory", "Supervisor", "run_service", "serve_until_stopped"]
@@ -100,6 +101,9 @@ def run_service(name: str, settings: Settings, factory: ServiceFactory) -> int:
         asyncio.run(serve_until_stopped(name, settings, factory))
     except KeyboardInterrupt:  # SIGINT before the loop's handlers were in place: nothing had started
         return 0
+    except StartRefused as exc:  # a second writer, a read-only state dir: one line says it all
+        get_logger(name).error("refused to start", error=str(exc))
+        return 2
     except Exception as exc:  # the process ends here: report once, in the log's format
         get_logger(name).error("service failed", error=str(exc), exc_info=exc)
         return 1

@@ -6,15 +6,21 @@ event k only right after event k-1: a message that was stored but whose ack was 
 re-sent (error 10071), and the relay resyncs from the stream instead of publishing twice. Stream
 sequence numbers therefore equal log seq numbers, which is what lets a consumer resume "after seq N".
 
-If the stream holds more than the log, or a different event at the same seq, the two histories have
-forked (a restored backup, a wiped state dir against an old broker). The relay then stops with an
-error that says so, instead of publishing on top of a history it does not share.
+The log is the truth, the broker's store is not. If the stream is missing (the broker's store was lost
+while it was down), holds more than the log, or a different event at the same seq (a broker that
+holds another history: a wiped state dir, a restored backup, a store reused for another log), the
+relay rebuilds the stream from the log: it deletes it, creates it afresh and publishes the log again
+from seq 1, so stream seq == log seq still holds. It says so loudly (an error line), records it in
+the stream's metadata (``gpuledger.rebuilt``, with the time and the cause) and publishes a core
+message on ``gpuledger.<node>.stream.rebuilt``, so that subscribers learn that what they read before
+may not be what the stream now holds. The relay never stops publishing for a disagreement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import itertools
 from collections import deque
 
@@ -24,38 +30,59 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
 from libs.bus.client import Bus
-from libs.errors import StoreError
 from libs.events.codec import StoredEvent, to_record
 from libs.log import get_logger
 from libs.store.log import EventLog
 
-__all__ = ["EVENT_ID_HEADER", "Relay", "ensure_stream"]
+__all__ = ["EVENT_ID_HEADER", "REBUILT_METADATA", "Relay", "StreamRebuilt", "ensure_stream", "rebuilt_subject"]
 
 EVENT_ID_HEADER = "Gpuledger-Event-Id"
+REBUILT_METADATA = "gpuledger.rebuilt"  # stream metadata key: "<RFC 3339 time> <cause>" of the last rebuild
 WRONG_LAST_SEQUENCE = 10071
 
 _log = get_logger("outbox")
 
 
-async def ensure_stream(bus: Bus) -> api.StreamInfo:
-    """Create (or widen) the node's stream: file storage, no deletes, no purges, no limits."""
-    js = bus.js
-    subjects = bus.subjects.event_subjects()
-    config = api.StreamConfig(
+class StreamRebuilt(msgspec.Struct, frozen=True):
+    """The core message on ``gpuledger.<node>.stream.rebuilt`` (not in the stream itself)."""
+
+    node: str
+    stream: str
+    cause: str
+    log_last_seq: int  # the stream is republished from seq 1 up to here (and on, as usual)
+    stream_last_seq_before: int  # what the replaced stream held (0: it was missing)
+    at: str  # RFC 3339, UTC
+
+
+def rebuilt_subject(bus: Bus) -> str:
+    return f"{bus.subjects.prefix}.stream.rebuilt"
+
+
+def _stream_config(bus: Bus, metadata: dict[str, str] | None = None) -> api.StreamConfig:
+    return api.StreamConfig(
         name=bus.subjects.stream,
-        subjects=subjects,
+        subjects=bus.subjects.event_subjects(),
         storage=api.StorageType.FILE,
         retention=api.RetentionPolicy.LIMITS,
         deny_delete=True,
         deny_purge=True,
         allow_direct=True,
         description=f"gpuledger allocation log of node {bus.subjects.node}; seq == log seq",
+        metadata=metadata,
     )
+
+
+async def ensure_stream(bus: Bus) -> api.StreamInfo:
+    """Create (or widen) the node's stream: file storage, no deletes, no purges, no limits."""
+    js = bus.js
+    subjects = bus.subjects.event_subjects()
+    config = _stream_config(bus)
     try:
         info = await js.stream_info(config.name)
     except NotFoundError:
         return await js.add_stream(config)
     if sorted(info.config.subjects or []) != sorted(subjects):
+        config.metadata = info.config.metadata  # keep the record of an earlier rebuild
         return await js.update_stream(config)
     return info
 
@@ -67,6 +94,7 @@ class Relay:
         self.poll_interval = poll_interval
         self.window = window
         self.published = 0  # last seq known to be in the stream
+        self.rebuilds = 0  # times this relay rebuilt the stream from the log
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
         # Events just committed, handed over in memory so that publishing does not read them back
@@ -83,8 +111,15 @@ class Relay:
                 await self._synced.wait()
 
     async def run(self) -> None:
-        await ensure_stream(self.bus)
-        await self._resync()
+        backoff = 0.1
+        while True:  # the broker may not be up yet: the events wait in the log
+            try:
+                await self._resync()
+                break
+            except (nats.errors.Error, APIError, OSError) as exc:
+                _log.warning("publication not started", error=str(exc) or type(exc).__name__, retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
         backoff = 0.1
         while True:
             with contextlib.suppress(TimeoutError):
@@ -95,7 +130,8 @@ class Relay:
                 await self._publish_pending()
                 backoff = 0.1
             except _Resync:
-                await self._resync()
+                with contextlib.suppress(nats.errors.Error, APIError, OSError, _Resync):
+                    await self._resync()
             except (nats.errors.Error, APIError, OSError) as exc:
                 # The broker is away or busy: the events wait in the log; try again shortly.
                 _log.warning("publication paused", error=str(exc) or type(exc).__name__, retry_in=backoff)
@@ -105,30 +141,54 @@ class Relay:
                     await self._resync()
 
     async def _resync(self) -> None:
-        info = await self.bus.js.stream_info(self.bus.subjects.stream)
+        stream = self.bus.subjects.stream
+        try:
+            await self.bus.js.stream_info(stream)
+        except NotFoundError:
+            if self.log.last_seq:  # a node that has a history: its subscribers must hear of the loss
+                await self._rebuild("the stream is missing (the broker's store was lost or replaced)", 0)
+                return
+        info = await ensure_stream(self.bus)  # creates it for a new node, widens its subjects after an upgrade
         stream_last = info.state.last_seq
         log_last = self.log.last_seq
         if stream_last > log_last:
-            raise StoreError(
-                f"JetStream stream {self.bus.subjects.stream} holds {stream_last} events but the log at "
-                f"{self.log.path} only {log_last}: the log lost its tail or belongs to another history. "
-                "Restore the log, or remove the stream if this node really starts afresh."
-            )
-        if stream_last:
-            await self._check_same_history(stream_last)
+            await self._rebuild(f"the stream holds {stream_last} events but the log at {self.log.path} only "
+                                f"{log_last} (a broker holding another history, or a log restored from an "
+                                "older copy: the log is the truth)", stream_last)
+            return
+        if stream_last and (fork := await self._fork_at(stream_last)):
+            await self._rebuild(fork, stream_last)
+            return
         self.published = stream_last
         self._synced.set()
         self._wake.set()
 
-    async def _check_same_history(self, seq: int) -> None:
+    async def _fork_at(self, seq: int) -> str | None:
+        """Why the stream's event at ``seq`` is not the log's (None when it is)."""
         msg = await self.bus.js.get_msg(self.bus.subjects.stream, seq)
         mine = await self.log.read_after(seq - 1, 1)
         theirs = (msg.headers or {}).get(EVENT_ID_HEADER)
-        if not mine or theirs != mine[0].event_id:
-            raise StoreError(
-                f"the log and stream {self.bus.subjects.stream} disagree at seq {seq} "
-                f"(log event {mine[0].event_id if mine else None}, stream event {theirs}): histories forked"
-            )
+        if mine and theirs == mine[0].event_id:
+            return None
+        return (f"the log and the stream disagree at seq {seq} (log event {mine[0].event_id if mine else None}, "
+                f"stream event {theirs}): histories forked")
+
+    async def _rebuild(self, cause: str, stream_last: int) -> None:
+        """Replace the stream by one republished from the log, from seq 1; tell subscribers."""
+        subjects, js = self.bus.subjects, self.bus.js
+        at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        _log.error("rebuilding the event stream from the log", stream=subjects.stream, cause=cause,
+                   log_last_seq=self.log.last_seq, stream_last_seq=stream_last)
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(subjects.stream)
+        await js.add_stream(_stream_config(self.bus, {REBUILT_METADATA: f"{at} {cause}"}))
+        self.rebuilds += 1
+        notice = StreamRebuilt(node=subjects.node, stream=subjects.stream, cause=cause,
+                               log_last_seq=self.log.last_seq, stream_last_seq_before=stream_last, at=at)
+        await self.bus.nc.publish(rebuilt_subject(self.bus), msgspec.json.encode(notice))
+        self.published = 0
+        self._synced.set()
+        self._wake.set()
 
     async def _publish_pending(self) -> None:
         while self.published < self.log.last_seq:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import sqlite3
@@ -18,7 +19,7 @@ from pathlib import Path
 import sqlalchemy.exc
 from sqlalchemy import create_engine, insert, select
 
-from libs.errors import StoreError
+from libs.errors import StartRefused, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
 from libs.store.queries import LogQueries
@@ -58,13 +59,20 @@ def writer_lock(path: Path) -> int:
     a running allocator. The kernel drops it when the holder dies, so a crash leaves nothing to clean.
     """
     lock_path = Path(f"{path}.lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise StartRefused(f"the state dir {path.parent} is read-only ({exc.strerror}): the log {path} "
+                               "must be writable; mount it read-write") from None
+        raise StartRefused(f"cannot open the log's lock file {lock_path}: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StoreError(f"another process is writing {path} (it holds {lock_path}): is the allocator running? "
-                         "Stop it first.") from None
+        raise StartRefused(f"another process is writing {path} (it holds {lock_path}): is the allocator "
+                           "running? Stop it first.") from None
     return fd
 
 
@@ -80,10 +88,10 @@ class EventLog:
     @classmethod
     async def open(cls, path: str | Path) -> EventLog:
         path = Path(path)
-        await asyncio.to_thread(create_schema, path)
         log = cls(path)
-        log._lock_fd = writer_lock(path)
+        log._lock_fd = writer_lock(path)  # first: a second writer, a read-only dir, are refused in one line
         try:
+            await asyncio.to_thread(create_schema, path)
             await asyncio.to_thread(log._writer.start, asyncio.get_running_loop())
         except BaseException:
             log._unlock()

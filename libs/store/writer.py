@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.errors import AppendOnlyViolation, StoreError
+from libs.errors import AppendOnlyViolation, NoSpace, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
@@ -188,7 +188,7 @@ class LogWriter:
                     conn.execute("ROLLBACK TO request")
                     conn.execute("RELEASE request")
                     seq, at, prev, versions = mark
-                    results.append(_translate(exc))
+                    results.append(_translate(exc, self.path))
                     continue
                 results.append(stored)
                 if req.command_id:
@@ -198,7 +198,7 @@ class LogWriter:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._load_tail()
-            err = _translate(exc)
+            err = _translate(exc, self.path)
             for req in group:
                 req.loop.call_soon_threadsafe(_resolve, req.future, err)
             return
@@ -223,8 +223,13 @@ class LogWriter:
         return [row_to_stored(r) for r in rows]
 
 
-def _translate(exc: sqlite3.DatabaseError) -> StoreError:
+def _translate(exc: sqlite3.DatabaseError, path: Path) -> StoreError:
     text = str(exc)
     if "append-only" in text:
         return AppendOnlyViolation(text)
+    # A full disk is SQLITE_FULL (ENOSPC while writing the WAL or growing the file). The transaction is
+    # rolled back whole, so nothing torn is left: say so, and what to do.
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in text:
+        return NoSpace(f"no space left on the device holding the event log {path}: nothing was recorded; "
+                       f"free space there and retry ({text})")
     return StoreError(f"event log write failed: {text}")

@@ -49,9 +49,10 @@ from services.allocator.extraconfig import default_devices
 from services.allocator.hami import HamiDelivery
 from services.allocator.identity import Misattributed, misattributed, plan_corrections, suspects
 from services.allocator.ledger import Ledger
+from services.allocator.liveness import GONE_AT_ALLOCATE, gone_holders
 from services.allocator.matching import Candidate, candidates
 from services.allocator.observer import AllocatorObserver
-from services.allocator.placement import place
+from services.allocator.placement import NoRoom, place
 from services.allocator.podcache import PodCache
 from services.allocator.podresources import (
     DeviceHolder,
@@ -116,10 +117,22 @@ class Allocator:
 
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
         try:
-            return await self._allocate(req)
+            try:
+                return await self._allocate(req)
+            except NoRoom:  # room that only dead pods hold is room: free it, then place again (issue 13)
+                if not await self._release_gone_holders():
+                    raise
+                return await self._allocate(req)
         except ServiceError as exc:
             await self._refuse(req, exc.message)
             raise
+
+    async def _release_gone_holders(self) -> bool:
+        """Release the allocations of pods gone from the node (liveness.py); whether any were."""
+        gone = await gone_holders(self.state, self.kubelet, self.pod_cache.pods if self.pod_cache else None)
+        for uid in gone:
+            await self.release(ReleaseRequest(pod_uid=uid, reason=GONE_AT_ALLOCATE))
+        return bool(gone)
 
     async def _allocate(self, req: AllocateRequest) -> AllocateReply:
         self._check_devices(req.resource, req.device_ids)

@@ -20,9 +20,13 @@ from libs.gpu.tree import TopologyTree, build_tree
 from libs.ledger.state import GpuUsage
 from services.allocator import evaluators
 
-__all__ = ["Links", "place", "topology"]
+__all__ = ["Links", "NoRoom", "place", "topology"]
 
 Links = Sequence[Sequence[str]]
+
+
+class NoRoom(ServiceError):
+    """Refused for want of room now (not a request this node could never hold): worth freeing and retrying."""
 
 
 def place(
@@ -47,7 +51,7 @@ def place(
     else:
         chosen = evaluators.link(tree, free, wanted, nv)
     if chosen is None:
-        raise ServiceError(503, f"no free node: {wanted} whole GPU(s) wanted, {len(free)} fully free")
+        raise NoRoom(503, f"no free node: {wanted} whole GPU(s) wanted, {len(free)} fully free")
     return tuple(
         GpuShare(index=g.index, uuid=g.uuid, minor=g.minor, cores=100, memory=g.memory_total)
         for g in (by_index[i] for i in chosen)
@@ -64,7 +68,7 @@ def _share(gpus: Sequence[GpuUsage], *, cores: int, memory: int, share_mode: boo
         largest = max((g.memory_total for g in gpus), default=0)
         if memory > largest:
             raise ServiceError(400, f"request memory {memory} is larger than {largest}")
-        raise ServiceError(503, f"no free node: no GPU has {cores} cores and {memory} bytes left")
+        raise NoRoom(503, f"no free node: no GPU has {cores} cores and {memory} bytes left")
     return GpuShare(index=best.index, uuid=best.uuid, minor=best.minor, cores=cores, memory=memory)
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from pathlib import Path
 
-import pytest
+import msgspec
 
 from libs.bus import Bus, LogFollower, NatsServer, Relay
-from libs.errors import StoreError
+from libs.bus.outbox import REBUILT_METADATA, StreamRebuilt, rebuilt_subject
 from libs.events.schema import AllocationReleased
 from libs.store import EventLog
 
@@ -109,8 +110,29 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
         await bus.close()
 
 
-async def test_a_log_behind_its_stream_stops_publication(nats_server: NatsServer, short_dir: Path) -> None:
+async def rebuilt_notices(bus: Bus) -> tuple[list[StreamRebuilt], object]:
+    seen: list[StreamRebuilt] = []
+
+    async def on_msg(msg: object) -> None:
+        seen.append(msgspec.json.decode(msg.data, type=StreamRebuilt))  # type: ignore[attr-defined]
+
+    sub = await bus.nc.subscribe(rebuilt_subject(bus), cb=on_msg)
+    return seen, sub
+
+
+async def assert_stream_is_the_log(bus: Bus, log: EventLog) -> None:
+    mine = [(e.seq, e.event_id) for e in await log.read_after(0, 1000)]
+    info = await bus.js.stream_info(bus.subjects.stream)
+    assert (info.state.messages, info.state.last_seq) == (len(mine), len(mine))
+    assert await stream_contents(bus, len(mine)) == mine
+
+
+async def test_a_stream_of_another_history_is_rebuilt_from_the_log(nats_server: NatsServer, short_dir: Path) -> None:
+    """The log is the truth: a stream ahead of the log (a wiped state dir, a log restored from an older copy,
+    a broker store reused for another log) or forked from it is replaced by the log's, from seq 1, and
+    subscribers hear of it. Publication never stops."""
     bus = await Bus.connect(nats_server.url, name="t", node="n1")
+    seen, sub = await rebuilt_notices(bus)
     first = await EventLog.open(short_dir / "a.sqlite")
     relay = Relay(bus, first)
     task = asyncio.create_task(relay.run())
@@ -119,15 +141,78 @@ async def test_a_log_behind_its_stream_stops_publication(nats_server: NatsServer
     await relay.wait_published(5, timeout=10)
     task.cancel()
     other = await EventLog.open(short_dir / "b.sqlite")  # a wiped state dir against the same broker
+    tasks: list[asyncio.Task[None]] = []
     try:
         await other.append([ev(99)])
-        with pytest.raises(StoreError, match="holds 5 events but the log"):
-            await Relay(bus, other).run()
+        behind = Relay(bus, other)
+        tasks.append(asyncio.create_task(behind.run()))
+        await behind.wait_published(1, timeout=10)
+        await assert_stream_is_the_log(bus, other)
+        assert behind.rebuilds == 1
+        info = await bus.js.stream_info(bus.subjects.stream)
+        assert "holds 5 events but the log" in (info.config.metadata or {})[REBUILT_METADATA]
         for i in range(5):
             await other.append([ev(i)])
-        with pytest.raises(StoreError, match="histories forked"):
-            await Relay(bus, other).run()
+        await behind.wait_published(6, timeout=10)
+        tasks.pop().cancel()
+
+        # The first log goes on (a restored backup that forked): its relay replaces the stream again.
+        await first.append([ev(7)])
+        forked = Relay(bus, first)
+        tasks.append(asyncio.create_task(forked.run()))
+        await forked.wait_published(6, timeout=10)
+        await assert_stream_is_the_log(bus, first)
+        assert forked.rebuilds == 1
+        await asyncio.sleep(0.2)  # the core notices
+        assert [(n.stream_last_seq_before, n.log_last_seq) for n in seen] == [(5, 1), (6, 6)]
+        assert "holds 5 events" in seen[0].cause and "histories forked" in seen[1].cause
+        await first.append([ev(8)])  # and publication goes on as usual
+        await forked.wait_published(7, timeout=10)
+        await assert_stream_is_the_log(bus, first)
     finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await sub.unsubscribe()
         await first.close()
         await other.close()
         await bus.close()
+
+
+async def test_a_broker_store_lost_while_down_is_rebuilt(short_dir: Path) -> None:
+    """The broker comes back on the same port with an empty store: the running relay republishes the
+    whole log, and a follower that was reading it reads on without a gap or a repeat."""
+    server = NatsServer(short_dir / "js")
+    await server.start()
+    port = server.port
+    bus = await Bus.connect(server.url, name="t", node="n1")
+    log = await EventLog.open(short_dir / "ledger.sqlite")
+    relay = Relay(bus, log)
+    task = asyncio.create_task(relay.run())
+    follower_seen: list[int] = []
+    follower = LogFollower(bus, lambda e: follower_seen.append(e.seq))
+    follow_task = asyncio.create_task(follower.run())
+    try:
+        for i in range(20):
+            await log.append([ev(i)])
+        await follower.wait_for(20, timeout=10)
+        await server.kill()
+        shutil.rmtree(short_dir / "js")  # the store is lost while the broker is down
+        for i in range(20, 30):
+            await log.append([ev(i)])
+        server = NatsServer(short_dir / "js", port=port)
+        await server.start()
+        await relay.wait_published(30, timeout=30)
+        await assert_stream_is_the_log(bus, log)
+        assert relay.rebuilds == 1
+        info = await bus.js.stream_info(bus.subjects.stream)
+        assert "the stream is missing" in (info.config.metadata or {})[REBUILT_METADATA]
+        await follower.wait_for(30, timeout=30)
+        assert follower_seen == list(range(1, 31))
+    finally:
+        follow_task.cancel()
+        task.cancel()
+        await asyncio.gather(follow_task, task, return_exceptions=True)
+        await log.close()
+        await bus.close()
+        await server.stop()
