@@ -57,6 +57,16 @@ def _tool(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
+def _has_cap_sys_resource() -> bool:
+    """Without CAP_SYS_RESOURCE (some sandboxed hosts drop it even for root) runc cannot lower
+    oom_score_adj (the sandbox gets -998) and fails with "can't get final child's PID from pipe";
+    containerd's restrict_oom_score_adj then clamps the value to its own."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 24 & 1)
+    return True
+
+
 def _config(work: Path, socket: Path, snapshotter: str) -> str:
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
@@ -89,6 +99,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   max_container_log_line_size = 16384
+  restrict_oom_score_adj = {"false" if _has_cap_sys_resource() else "true"}
 
 [{cri}.containerd]
   snapshotter = "{snapshotter}"
