@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -146,6 +147,21 @@ def _cgroup_pids(dirs: list[Path]) -> set[int]:
     return pids
 
 
+def _shim_sockets(lo: Leftovers) -> list[Path]:
+    """The shims' sockets: containerd 1.6 names them /run/containerd/s/<sha256 of
+    "<containerd socket>/<namespace>/<task id>">, outside any directory we choose; a killed shim
+    leaves its socket there."""
+    tasks = Path(lo.work) / "state" / "io.containerd.runtime.v2.task"
+    found = []
+    if lo.work and tasks.is_dir():
+        for ns in tasks.iterdir():
+            for task in ns.iterdir():
+                digest = hashlib.sha256(f"{lo.socket}/{ns.name}/{task.name}".encode()).hexdigest()
+                if (RUN_CONTAINERD / "s" / digest).exists():
+                    found.append(RUN_CONTAINERD / "s" / digest)
+    return found
+
+
 def _kill(pids: list[int] | set[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -172,6 +188,9 @@ def clean(lo: Leftovers, *, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
+    for sock in _shim_sockets(lo):
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
     for point in sorted(_mounts_under(lo.work), key=len, reverse=True):
         _umount(point)
     for d in _pod_cgroup_dirs(lo):
@@ -202,6 +221,7 @@ def survivors(lo: Leftovers) -> list[str]:
         found += [f"cgroup {Path(m) / level.lstrip('/')}" for m in cgroup_mounts()
                   if (Path(m) / level.lstrip("/")).exists()]
     found += [f"device node {n}" for n in lo.dev_nodes if os.path.lexists(n)]
+    found += [f"shim socket {s}" for s in _shim_sockets(lo)]
     if lo.run_containerd_created and RUN_CONTAINERD.exists():
         found.append(f"directory {RUN_CONTAINERD}")
     return found
