@@ -3,6 +3,7 @@ simulated kubelet runs every pod as real containers (containerd + runc through C
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import stat
@@ -100,6 +101,23 @@ class RtNode:
     gpus: FakeGpus
     services: dict[str, Any] = field(default_factory=dict)
     launcher: Any = None
+
+    async def allocations(self) -> list[Any]:
+        """The allocator's live allocations, asked over NATS as any client would."""
+        from libs.bus.client import Bus
+        from libs.commands import StateReply, StateRequest
+
+        bus = await Bus.connect(self.settings.nats_url, name="rt-test", node=NODE)
+        try:
+            reply = await bus.request(bus.subjects.state, StateRequest(), StateReply, timeout=5)
+        finally:
+            await bus.close()
+        return list(reply.snapshot.allocations)
+
+    async def wait_no_allocations(self, timeout: float = 20) -> None:
+        async with asyncio.timeout(timeout):
+            while await self.allocations():
+                await asyncio.sleep(0.2)
 
     @property
     def client(self) -> Any:
