@@ -253,11 +253,23 @@ class PodRuntime:
         _log.info("pod removed from the runtime", pod=uid)
 
     async def _stop_container(self, cid: str, grace: int) -> None:
-        for call in (lambda: self.client.stop_container(cid, grace), lambda: self.client.remove_container(cid)):
+        try:
+            await self.client.stop_container(cid, grace)
+        except grpc.aio.AioRpcError as err:
+            _log.warning("container stop failed", id=cid[:13], error=err.details())
+        # A pod deleted while its StartContainer was still in flight: containerd refuses the removal
+        # ("in starting state") until the start has finished; try again for a few seconds.
+        for attempt in range(50):
             try:
-                await call()
+                await self.client.remove_container(cid)
+                return
             except grpc.aio.AioRpcError as err:
-                _log.warning("container teardown failed", id=cid[:13], error=err.details())
+                if attempt == 49 or "starting state" not in (err.details() or ""):
+                    _log.warning("container removal failed", id=cid[:13], error=err.details())
+                    return
+                await asyncio.sleep(0.1)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await self.client.stop_container(cid, 0)
 
     async def close(self) -> None:
         for uid in list(self._pods):
