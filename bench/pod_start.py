@@ -144,7 +144,8 @@ def main() -> None:
     result = asyncio.run(run(args.pods))
     for key in ("gpu", "plain"):
         r = result[key]
-        print(f"{r['name']:<22} n={r['n']} p50={r['p50_ms']:.1f} ms p99={r['p99_ms']:.1f} ms mean={r['mean_ms']:.1f} ms")
+        print(f"{r['name']:<22} n={r['n']} p50={r['p50_ms']:.1f} ms p99={r['p99_ms']:.1f} ms "
+              f"mean={r['mean_ms']:.1f} ms")
     print(f"gpuledger adds {result['p50_overhead_pct']}% at p50, {result['p99_overhead_pct']}% at p99 "
           f"(containerd start {result['containerd_start_s']} s)")
     if args.json:

@@ -191,8 +191,8 @@ class Kubelet:
                 if not self._write_status(pod, init_st, app_st, extra):
                     return
                 code = await self.runtime.wait_exited(cid.split("://", 1)[1], self._cfg.init_container_timeout)
-                init_st[container["name"]] = terminated(
-                    container, cid, started, now_rfc3339(), exit_code=code, reason="Completed" if code == 0 else "Error")
+                init_st[container["name"]] = terminated(container, cid, started, now_rfc3339(), exit_code=code,
+                                                        reason="Completed" if code == 0 else "Error")
             if not self._write_status(pod, init_st, app_st, extra):
                 return
         for container in apps:

@@ -121,9 +121,8 @@ def _our_processes(lo: Leftovers) -> list[int]:
     found = []
     for pid in _pids():
         cmd = _cmdline(pid)
-        if pid == lo.containerd_pid and lo.work and lo.work in cmd:
-            found.append(pid)
-        elif lo.socket and lo.socket in cmd and "containerd-shim" in cmd:
+        ours = pid == lo.containerd_pid and lo.work and lo.work in cmd
+        if ours or (lo.socket and lo.socket in cmd and "containerd-shim" in cmd):
             found.append(pid)
     return found
 

@@ -116,7 +116,7 @@ class RtNode:
 
     async def wait_no_allocations(self, timeout: float = 20) -> None:
         async with asyncio.timeout(timeout):
-            while await self.allocations():
+            while await self.allocations():  # noqa: ASYNC110 (another process's state: poll it)
                 await asyncio.sleep(0.2)
 
     @property

@@ -21,7 +21,7 @@ async def _deleted_cleanly(node: RtNode, name: str, uid: str) -> None:
     await node.wait_no_allocations()
     pod_dir = Path(node.settings.vm_root) / uid
     async with asyncio.timeout(20):
-        while pod_dir.exists():
+        while pod_dir.exists():  # noqa: ASYNC110 (removed by the vmanager: poll it)
             await asyncio.sleep(0.1)
     assert str(pod_dir) not in Path("/proc/self/mountinfo").read_text()
 

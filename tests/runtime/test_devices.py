@@ -17,7 +17,7 @@ async def _nvidia_nodes(node: RtNode, pod_name: str) -> list[str]:
 
 async def _open_minor(node: RtNode, pod_name: str, minor: int) -> str:
     """mknod a node for 195:minor inside the container and open it: the device cgroup decides."""
-    code, out = await node.sh(pod_name, "cuda", f"mknod /tmp/gpu c {NVIDIA_MAJOR} {minor} && "
+    _, out = await node.sh(pod_name, "cuda", f"mknod /tmp/gpu c {NVIDIA_MAJOR} {minor} && "
                                                 f"cat /tmp/gpu; rm -f /tmp/gpu")
     return out
 
@@ -37,7 +37,7 @@ async def test_whole_gpu_containers_see_exactly_their_devices(rt_node: RtNode) -
     assert len(gpus_one) == 1 and len(gpus_two) == 2 and not set(gpus_one) & set(gpus_two)
     for name, gpus in (("one-gpu", gpus_one), ("two-gpus", gpus_two)):
         assert await _nvidia_nodes(node, name) == sorted([*(g[5:] for g in gpus), "nvidia-uvm", "nvidiactl"])
-        code, out = await node.sh(name, "cuda", f"stat -c '%t %T %a' {gpus[0]}")
+        _, out = await node.sh(name, "cuda", f"stat -c '%t %T %a' {gpus[0]}")
         assert out.split()[0] == "c3" and out.split()[2] == "666", out  # major 195, mode from the host node
 
     # Its own GPU opens as far as a device without a driver can (ENXIO); another is refused (EPERM).

@@ -29,7 +29,7 @@ async def test_services_killed_and_restarted_while_containers_run(rt_node_proces
     for pid in old.values():
         os.kill(pid, signal.SIGKILL)
     async with asyncio.timeout(60):  # the launcher brings each back
-        while any(c.proc.pid == old.get(c.name) or c.proc.returncode is not None
+        while any(c.proc.pid == old.get(c.name) or c.proc.returncode is not None  # noqa: ASYNC110
                   for c in node.launcher.children if c.name in old):
             await asyncio.sleep(0.2)
 
@@ -39,7 +39,7 @@ async def test_services_killed_and_restarted_while_containers_run(rt_node_proces
     assert await node.read_vcuda_config("share", "cuda") == before
     # A new registration from inside works once the vmanager serves the pod's socket again.
     async with asyncio.timeout(30):
-        while (result := await node.register("share", "cuda"))[0] != 0:
+        while (result := await node.register("share", "cuda"))[0] != 0:  # noqa: ASYNC110 (a retry)
             await asyncio.sleep(0.3)
     assert result[1].strip() == "registered"
     assert await node.read_vcuda_config("share", "cuda") == before
