@@ -147,6 +147,11 @@ async def _wait_file(path: Path, timeout: float) -> None:
               type=click.Choice(["legacy-1.24", "1.25-1.36", "main-2026"]),
               help="Kubelet behaviour profile (kubelet-device-plugin.md 4.1).")
 @click.option("--seed", type=int, default=None, help="Seed every random choice, for repeatable runs.")
+@click.option("--runtime", type=click.Choice(["none", "containerd"]), default="none", show_default=True,
+              help="containerd: run every admitted pod as real containers on a private containerd "
+                   "(root, containerd, runc, busybox-static, gcc; see README).")
+@click.option("--runtime-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --runtime containerd: its config, root, state and socket here [default: a temp dir].")
 @log_options
 def sim(**values: Any) -> None:
     """Run the node simulator: a kubelet device manager and a Kubernetes-shaped API for its pods."""
@@ -157,8 +162,14 @@ def sim(**values: Any) -> None:
         node_name=values["node_name"], device_plugin_dir=values["device_plugin_dir"],
         pod_resources_socket=values["pod_resources_socket"], api_host=values["api_host"],
         api_port=values["api_port"], kubeconfig_path=values["kubeconfig_out"], profile=values["profile"],
-        seed=values["seed"],
+        seed=values["seed"], runtime=values["runtime"], runtime_dir=values["runtime_dir"],
     )
+    if cfg.runtime == "containerd":
+        from simulator.runtime import runtime_unavailable_reason
+
+        reason = runtime_unavailable_reason()
+        if reason:
+            raise click.UsageError(f"--runtime containerd cannot run on this machine: {reason}")
     asyncio.run(run_simulator(cfg))
 
 

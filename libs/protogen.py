@@ -19,6 +19,7 @@ PROTOS = (
     "libs/kubelet/deviceplugin/v1beta1/api.proto",
     "libs/kubelet/podresources/v1/api.proto",
     "libs/vcuda/api.proto",
+    "libs/cri/v1/api.proto",
 )
 
 

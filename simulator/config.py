@@ -48,6 +48,12 @@ class SimConfig:
     pod_resources_qps: float = 100.0  # PodResources rate limit (kubelet: 100/s, burst 10)
     pod_resources_burst: int = 10
     numa_hint: NumaHint | None = None  # topology-manager hint per container; None = policy "none"
+    # Real containers (simulator/runtime): "containerd" starts a private containerd in runtime_dir
+    # (a temp dir when None) and creates every admitted pod's containers through CRI.
+    runtime: str = "none"
+    runtime_dir: Path | None = None
+    runtime_images: Path | None = None  # prebuilt image layouts (simulator/runtime/images.py); built when None
+    init_container_timeout: float = 120.0  # a real init container must exit within this
 
     def __post_init__(self) -> None:
         self.device_plugin_dir = Path(self.device_plugin_dir)
@@ -55,6 +61,8 @@ class SimConfig:
             self.pod_resources_socket = Path(self.pod_resources_socket)
         if self.kubeconfig_path is not None:
             self.kubeconfig_path = Path(self.kubeconfig_path)
+        if self.runtime not in ("none", "containerd"):
+            raise ValueError(f"unknown container runtime {self.runtime!r}; known: none, containerd")
 
 
 def check_profile(profile: str) -> None:

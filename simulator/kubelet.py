@@ -11,6 +11,10 @@
   from GenerateRunContainerOptions, and is tried again, as the kubelet's pod sync does, after
   ``container_retry_backoff`` seconds, doubling up to 10 s, while the pod is active
   (``container_retry_backoff=0``: no retry, the pod stays Pending).
+* With a real runtime (``runtime``, simulator/runtime) each container is then created and started
+  through CRI with those options; a refusal there is reported as the kubelet does
+  (CreateContainerError, RunContainerError) and retried the same way. Init containers really run
+  to their exit; a deleted pod's containers and sandbox are stopped and removed before the object goes.
 * Deleting a pod: deletionTimestamp set and running containers terminated (one MODIFIED), then
   the object is removed (DELETED). Devices come back only at the next GC trigger.
 """
@@ -33,6 +37,7 @@ __all__ = ["REJECT_REASON", "Kubelet", "is_pod_active"]
 
 REJECT_REASON = "UnexpectedAdmissionError"
 CREATE_CONFIG_ERROR = "CreateContainerConfigError"
+RUNTIME_STOP_GRACE = 10  # cap on the grace a real container gets at deletion
 
 _log = logger("kubelet")
 
@@ -65,6 +70,7 @@ class Kubelet:
         # admission, so pods still queued behind it are not known yet (PodResources lists known pods).
         self.known: set[str] = set()
         self._next_ip = 0
+        self.runtime: Any = None  # simulator.runtime.PodRuntime when real containers are run
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -172,51 +178,70 @@ class Kubelet:
             return
         for container in inits:
             started = now_rfc3339()
-            if not await self._start_with_retries(pod, container, init_st, (init_st, app_st, extra)):
+            cid = await self._start_with_retries(pod, container, init_st, (init_st, app_st, extra))
+            if cid is None:
                 return
-            cid = container_id()
             if is_sidecar(container):
                 init_st[container["name"]] = running(container, cid, started)
-            else:
+            elif self.runtime is None:
                 # The simulated program exits 0 at once; the next init container starts after it.
                 init_st[container["name"]] = terminated(container, cid, started, now_rfc3339())
+            else:
+                init_st[container["name"]] = running(container, cid, started)
+                if not self._write_status(pod, init_st, app_st, extra):
+                    return
+                code = await self.runtime.wait_exited(cid.split("://", 1)[1], self._cfg.init_container_timeout)
+                init_st[container["name"]] = terminated(container, cid, started, now_rfc3339(), exit_code=code,
+                                                        reason="Completed" if code == 0 else "Error")
             if not self._write_status(pod, init_st, app_st, extra):
                 return
         for container in apps:
             started = now_rfc3339()
-            if await self._start_with_retries(pod, container, app_st, (init_st, app_st, extra)):
-                app_st[container["name"]] = running(container, container_id(), started)
+            cid = await self._start_with_retries(pod, container, app_st, (init_st, app_st, extra))
+            if cid is not None:
+                app_st[container["name"]] = running(container, cid, started)
         self._write_status(pod, init_st, app_st, extra)
 
     async def _start_with_retries(
         self, pod: dict[str, Any], container: dict[str, Any], states: dict[str, Any],
         status: tuple[dict[str, Any], dict[str, Any], dict[str, Any]],
-    ) -> bool:
-        """Start one container, trying again with backoff while it fails and the pod is active.
-        Each failure is published as CreateContainerConfigError, as the kubelet shows it."""
+    ) -> str | None:
+        """Start one container, trying again with backoff while it fails and the pod is active; its
+        container ID, or None. Each failure is published with the kubelet's waiting reason."""
         delay = self._cfg.container_retry_backoff
         while True:
-            error = await self._start_container(pod, container)
-            if error is None:
-                return True
-            states[container["name"]] = waiting(container, CREATE_CONFIG_ERROR, error)
+            started = await self._start_container(pod, container)
+            if isinstance(started, str):
+                return started
+            reason, error = started
+            states[container["name"]] = waiting(container, reason, error)
             if not self._write_status(pod, *status) or delay <= 0 or not self.is_uid_active(pod_uid(pod)):
-                return False
+                return None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
-    async def _start_container(self, pod: dict[str, Any], container: dict[str, Any]) -> str | None:
-        """Device options for one container (PreStartContainer included); the error text or None."""
+    async def _start_container(self, pod: dict[str, Any], container: dict[str, Any]) -> str | tuple[str, str]:
+        """Device options for one container (PreStartContainer included), then the container itself
+        when a runtime runs them: its ``containerd://<id>``, or (waiting reason, error text)."""
         uid = pod_uid(pod)
         if not self.is_uid_active(uid):
-            return "pod is no longer active"
+            return CREATE_CONFIG_ERROR, "pod is no longer active"
         try:
             opts = await self._manager.run_container_options(pod, container, self.is_uid_active)
         except (ContainerStartError, AllocationError) as err:
             _log.info("container start failed", pod=uid, container=container["name"], error=str(err))
-            return str(err)
+            return CREATE_CONFIG_ERROR, str(err)
         self.run_options[(uid, container["name"])] = opts
-        return None
+        if self.runtime is None:
+            return container_id()
+        from .runtime import ContainerCreateError
+
+        try:
+            return "containerd://" + await self.runtime.start_container(pod, container, opts)
+        except ContainerCreateError as err:
+            _log.info("container create failed", pod=uid, container=container["name"], reason=err.reason,
+                      error=str(err))
+            return err.reason, str(err)
 
     def _write_status(
         self, pod: dict[str, Any], init_st: dict[str, Any], app_st: dict[str, Any], extra: dict[str, Any]
@@ -302,7 +327,11 @@ class Kubelet:
             _unready(status, now)
 
         terminating = self._store.update(ns, name, mutate)
-        if self._cfg.deletion_delay > 0:
+        if self.runtime is not None:
+            task = asyncio.create_task(self._teardown_then_remove(ns, name, uid), name=f"delete-{uid}")
+            self._removals[uid] = task
+            task.add_done_callback(lambda _t: self._removals.pop(uid, None))
+        elif self._cfg.deletion_delay > 0:
             task = asyncio.create_task(self._remove_later(ns, name, uid), name=f"delete-{uid}")
             self._removals[uid] = task
             task.add_done_callback(lambda _t: self._removals.pop(uid, None))
@@ -315,6 +344,14 @@ class Kubelet:
         task = self._removals.get(pod_uid(pod))
         if task is not None:
             await task
+
+    async def _teardown_then_remove(self, ns: str, name: str, uid: str) -> None:
+        """Real containers: stop and remove them and the sandbox, then the object goes."""
+        try:
+            await self.runtime.remove_pod(uid, grace=RUNTIME_STOP_GRACE)
+        except Exception:
+            _log.exception("runtime teardown failed", pod=uid)
+        await self._remove_later(ns, name, uid)
 
     async def _remove_later(self, ns: str, name: str, uid: str) -> None:
         await asyncio.sleep(self._cfg.deletion_delay)

@@ -65,6 +65,7 @@ class NodeSimulator:
         self._background: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self._running = False
+        self.runtime: Any = None  # simulator.runtime.RuntimeHandle with cfg.runtime == "containerd"
 
     @property
     def kubelet_socket(self) -> Path:
@@ -98,6 +99,11 @@ class NodeSimulator:
             await self.start_api()
             if self.cfg.kubeconfig_path is not None:
                 write_kubeconfig(self.cfg.kubeconfig_path, self.api_url)
+            if self.cfg.runtime == "containerd":
+                from .runtime import start_runtime  # grpc stubs and containerd only when asked for
+
+                self.runtime = await start_runtime(self.cfg)
+                self.kubelet.runtime = self.runtime.pods
             self.kubelet.start()
         except BaseException:
             await self.stop()
@@ -113,6 +119,10 @@ class NodeSimulator:
             task.cancel()
         self.store.close()  # ends watch streams, so the HTTP server can shut down at once
         await self.kubelet.stop()
+        if self.runtime is not None:
+            runtime, self.runtime = self.runtime, None
+            self.kubelet.runtime = None
+            await runtime.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()

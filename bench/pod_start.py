@@ -1,0 +1,156 @@
+"""Pod start through a real container runtime: a GPU pod through gpuledger against a pod without GPUs.
+
+Measured: from ``create_pod`` on the simulator's API to a running container that has done its first
+work, on the same emulated kubelet and the same private containerd + runc (simulator/runtime), in one
+run, GPU and plain pods interleaved. The GPU pod (10 cores + 1 x 256 MiB) goes through admission
+(Allocate for both resources: registrar -> allocator, log append), PreStartContainer (allocator check,
+vmanager prepares the pod's vcuda.sock), CreateContainer with the response's devices and mounts,
+StartContainer; its container then registers through the mounted vcuda.sock (vcuda-register, from
+its own PID namespace: the vmanager checks the caller's cgroup, writes vcuda.config) and reads its
+vcuda.config; then it touches a file in a hostPath directory, which ends the measurement. The plain
+pod's container touches the file at once. Each pod is deleted before the next one (teardown not
+timed). The four services run in this process (as in tests/runtime); needs root + containerd.
+
+    python -m bench.pod_start [--pods 100] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from bench.allocate_rtt import summary
+from libs.bus.server import NatsServer
+from libs.config import Settings
+from libs.kube.pods import RESOURCE_VCORE
+from libs.log import configure_logging
+from simulator import NodeSimulator, SimConfig
+from simulator.runtime import runtime_unavailable_reason
+from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper
+from tests.runtime.helpers import make_fake_gpus
+
+# The container's own ids from its cgroup path (cgroup v1: the full /kubepods/.../pod<uid>/<id>).
+GPU_SCRIPT = (
+    'cg=$(grep -m1 kubepods /proc/self/cgroup); cid=${cg##*/}; p=${cg%/*}; uid=${p##*/pod}; '
+    '/bin/vcuda-register /etc/vcuda/vcuda.sock "$uid" "$cid" >/dev/null && '
+    'test "$(wc -c < /etc/vcuda/$cid/vcuda.config)" -eq 8240 && touch /out/$POD_NAME; '
+    "trap 'exit 0' TERM; sleep 2147483647 & wait"
+)
+PLAIN_SCRIPT = "touch /out/$POD_NAME; trap 'exit 0' TERM; sleep 2147483647 & wait"
+
+
+def manifest(name: str, out: Path, gpu: bool) -> dict[str, Any]:
+    limits = {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"} if gpu else {}
+    container = {"name": "c", "image": "bench", "command": ["/bin/sh", "-c", GPU_SCRIPT if gpu else PLAIN_SCRIPT],
+                 "env": [{"name": "POD_NAME", "value": name}],
+                 "resources": {"limits": limits, "requests": dict(limits)},
+                 "volumeMounts": [{"name": "out", "mountPath": "/out"}]}
+    return {"metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [container], "volumes": [{"name": "out", "hostPath": {"path": str(out)}}],
+                     "terminationGracePeriodSeconds": 5}}
+
+
+async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout: float = 60) -> float:
+    marker = out / name
+    started = time.perf_counter()
+    await sim.create_pod(manifest(name, out, gpu))
+    deadline = started + timeout
+    while not marker.exists():  # written by the container itself
+        if time.perf_counter() > deadline:
+            pod = sim.get_pod("default", name)
+            raise TimeoutError(f"{name} did not start within {timeout}s: {pod and pod.get('status')}")
+        await asyncio.sleep(0.002)
+    elapsed = time.perf_counter() - started
+    # Not timed: let the kubelet finish reporting the start, then delete.
+    await sim.wait_for_pod("default", name, lambda p: p["status"].get("phase") == "Running", timeout)
+    await sim.delete_pod("default", name)
+    return elapsed
+
+
+async def run(pods: int) -> dict[str, Any]:
+    from services.allocator import app as allocator_app
+    from services.registrar import app as registrar_app
+    from services.vmanager import app as vmanager_app
+    from services.watchdog import app as watchdog_app
+
+    root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
+    lo = Leftovers(root / "devnodes.json", work="", remove_work=False)
+    lo.save()
+    reaper = start_reaper(lo)
+    try:
+        gpus = make_fake_gpus(root, lo)
+        out = root / "out"
+        out.mkdir()
+        nats = NatsServer(root / "nats")
+        await nats.start()
+        try:
+            settings = Settings(
+                node_name="bench-node", state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
+                pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
+                nats_url=nats.url, gpus=f"fake:{gpus.profile}", cgroup_root="/sys/fs/cgroup", proc_root="/proc",
+                driver_volumes=False, log_level="warning")
+            async with AsyncExitStack() as stack:
+                sim = NodeSimulator(SimConfig(
+                    node_name="bench-node", device_plugin_dir=root / "dp",
+                    pod_resources_socket=root / "pr" / "kubelet.sock", kubeconfig_path=root / "kubeconfig",
+                    runtime="containerd", runtime_dir=root / "rt"))
+                await sim.start()
+                stack.push_async_callback(sim.stop)
+                for app in (allocator_app, watchdog_app, vmanager_app, registrar_app):
+                    await stack.enter_async_context(app.service(settings))
+                await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=30)
+                containerd_start = sim.runtime.containerd.start_seconds
+                for i in range(3):  # warm-up, not counted
+                    await start_one(sim, out, f"warm-gpu-{i}", True)
+                    await start_one(sim, out, f"warm-plain-{i}", False)
+                gpu_times, plain_times = [], []
+                for i in range(pods):
+                    gpu_times.append(await start_one(sim, out, f"gpu-{i}", True))
+                    plain_times.append(await start_one(sim, out, f"plain-{i}", False))
+        finally:
+            await nats.stop()
+    finally:
+        clean(lo)
+        stop_reaper(reaper)
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    gpu, plain = summary("gpu pod (gpuledger)", gpu_times), summary("pod without GPUs", plain_times)
+    return {
+        "machine": f"{platform.machine()} {platform.system()} {platform.release()}",
+        "containerd_start_s": round(containerd_start, 3),
+        "gpu": gpu, "plain": plain,
+        "p50_overhead_pct": round(100 * (gpu["p50_ms"] / plain["p50_ms"] - 1), 1),
+        "p99_overhead_pct": round(100 * (gpu["p99_ms"] / plain["p99_ms"] - 1), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=100, help="pods of each kind (default 100)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    reason = runtime_unavailable_reason()
+    if reason:
+        raise SystemExit(f"bench.pod_start needs the real runtime: {reason}")
+    configure_logging("bench", fmt="console", level="warning")
+    result = asyncio.run(run(args.pods))
+    for key in ("gpu", "plain"):
+        r = result[key]
+        print(f"{r['name']:<22} n={r['n']} p50={r['p50_ms']:.1f} ms p99={r['p99_ms']:.1f} ms "
+              f"mean={r['mean_ms']:.1f} ms")
+    print(f"gpuledger adds {result['p50_overhead_pct']}% at p50, {result['p99_overhead_pct']}% at p99 "
+          f"(containerd start {result['containerd_start_s']} s)")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

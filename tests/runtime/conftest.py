@@ -1,0 +1,162 @@
+"""Fixtures of the real-runtime tests: pods run as real containers (containerd + runc, driven through
+CRI by the simulator's kubelet), the agent's four services serving them.
+
+They need root, containerd, runc, a static busybox and a C compiler (``apt-get install containerd runc
+busybox-static gcc libc6-dev``). Without them every test here is skipped with one reason, reported on
+one line; with ``GPULEDGER_REQUIRE_RUNTIME=1`` (CI) a missing runtime is an error instead.
+After each test, nothing the run made may be left outside its temp dir: containerd, shims, pause
+processes, mounts, pod cgroups, the fake /dev/nvidia* nodes (a reaper process removes them even when
+the test process is killed; ``test_cleanup.py`` kills one to show it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libs.bus.server import NatsServer
+from libs.config import Settings
+from libs.kube.pods import RESOURCE_VCORE
+from simulator import NodeSimulator, SimConfig
+from simulator.runtime import runtime_unavailable_reason
+from simulator.runtime.images import build_images
+from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper, survivors
+from tests.runtime.helpers import NODE, FakeGpus, RtNode, make_fake_gpus, mounts_under, processes_mentioning
+
+REQUIRE = "GPULEDGER_REQUIRE_RUNTIME"
+HERE = Path(__file__).parent
+_not_run: list[str] = []  # why the real-runtime tests were left out, reported once at the end
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without a runtime (and without GPULEDGER_REQUIRE_RUNTIME=1) these tests are left out, and
+    one line at the end of the run says so and why (skips would print one line per test)."""
+    ours = [item for item in items if HERE in Path(str(item.path)).parents]
+    if not ours or os.environ.get(REQUIRE) == "1":
+        return
+    reason = runtime_unavailable_reason()
+    if reason is None:
+        return
+    _not_run.append(f"real-runtime tests did not run ({len(ours)} deselected): {reason}")
+    config.hook.pytest_deselected(items=ours)
+    items[:] = [item for item in items if item not in ours]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in _not_run:
+        terminalreporter.write_line(line, yellow=True)
+
+
+@pytest.fixture(scope="session")
+def runtime_images() -> Iterator[Path]:
+    """The images, built once; an error under GPULEDGER_REQUIRE_RUNTIME=1 without a runtime."""
+    reason = runtime_unavailable_reason()
+    if reason:
+        pytest.fail(f"{REQUIRE}=1 but the real runtime cannot run here: {reason}", pytrace=False)
+    out = Path(tempfile.mkdtemp(prefix="glimg", dir="/tmp"))
+    try:
+        build_images(out)
+        yield out
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_gpus(runtime_images: Path, short_dir: Path) -> Iterator[FakeGpus]:
+    """Four fake GPUs: /dev/nvidia<minor> nodes (major 195, free minors) and a fake file naming them."""
+    lo = Leftovers(short_dir / "devnodes.json", work="")
+    lo.save()
+    reaper = start_reaper(lo)
+    try:
+        yield make_fake_gpus(short_dir, lo)
+    finally:
+        clean(lo)
+        stop_reaper(reaper)
+        assert survivors(lo) == []
+
+
+def rt_settings(root: Path, nats_url: str, gpus: FakeGpus, **overrides: Any) -> Settings:
+    return Settings(
+        node_name=NODE, state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
+        pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
+        nats_url=nats_url, gpus=f"fake:{gpus.profile}", allocate_timeout=5.0, request_timeout=3.0,
+        cgroup_root="/sys/fs/cgroup", proc_root="/proc",  # the real ones: containers are real
+        **{"driver_volumes": False, **overrides},
+    )
+
+
+async def start_rt_sim(root: Path, images: Path) -> NodeSimulator:
+    sim = NodeSimulator(SimConfig(
+        node_name=NODE, device_plugin_dir=root / "dp", pod_resources_socket=root / "pr" / "kubelet.sock",
+        kubeconfig_path=root / "kubeconfig", seed=7, runtime="containerd", runtime_dir=root / "rt",
+        runtime_images=images, container_retry_backoff=0.5))
+    await sim.start()
+    return sim
+
+
+def assert_nothing_left(root: Path, handle: Any) -> None:
+    """After the simulator stopped: nothing of the runtime survives outside ``root``."""
+    assert handle.leftovers_found == [], handle.leftovers_found
+    assert processes_mentioning(str(root / "rt")) == []
+    assert mounts_under(str(root)) == []
+
+
+async def _rt_node(stack: AsyncExitStack, root: Path, url: str, images: Path, gpus: FakeGpus,
+                   **overrides: Any) -> RtNode:
+    sim = await start_rt_sim(root, images)
+    handle = sim.runtime
+
+    async def stop() -> None:
+        await sim.stop()
+        assert_nothing_left(root, handle)
+
+    stack.push_async_callback(stop)
+    return RtNode(sim=sim, settings=rt_settings(root, url, gpus, **overrides), gpus=gpus)
+
+
+async def start_services_in_process(stack: AsyncExitStack, node: RtNode) -> None:
+    from services.allocator import app as allocator_app
+    from services.registrar import app as registrar_app
+    from services.vmanager import app as vmanager_app
+    from services.watchdog import app as watchdog_app
+
+    s = node.settings
+    node.services = {
+        "allocator": await stack.enter_async_context(allocator_app.service(s)),
+        "watchdog": await stack.enter_async_context(watchdog_app.service(s, reconcile_period=1.0)),
+        "vmanager": await stack.enter_async_context(vmanager_app.service(s)),
+        "registrar": await stack.enter_async_context(registrar_app.service(s)),
+    }
+    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
+
+
+@pytest.fixture
+async def rt_node(nats_server: NatsServer, short_dir: Path, runtime_images: Path,
+                  fake_gpus: FakeGpus) -> AsyncIterator[RtNode]:
+    """Simulator on a real containerd + the four services in this process."""
+    async with AsyncExitStack() as stack:
+        node = await _rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus)
+        await start_services_in_process(stack, node)
+        yield node
+
+
+@pytest.fixture
+async def rt_node_processes(nats_server: NatsServer, short_dir: Path, runtime_images: Path,
+                            fake_gpus: FakeGpus) -> AsyncIterator[RtNode]:
+    """Simulator on a real containerd + the four services as their own processes (gpuledger up's way)."""
+    from gpuledger.launcher import Launcher
+
+    async with AsyncExitStack() as stack:
+        node = await _rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus, log_format="json")
+        node.launcher = Launcher(node.settings, embedded_nats=False, log_dir=short_dir / "logs")
+        stack.push_async_callback(node.launcher.stop)
+        await node.launcher.start_services()
+        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
+        yield node

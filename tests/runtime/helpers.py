@@ -1,0 +1,183 @@
+"""Helpers of the real-runtime tests: fake GPU device nodes, pod manifests, and a node whose
+simulated kubelet runs every pod as real containers (containerd + runc through CRI)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libs.config import Settings
+from libs.vcuda import config as vcuda_config
+from simulator import NodeSimulator
+from simulator.runtime.cri import cri
+from simulator.runtime.leftovers import Leftovers, cgroup_mounts
+
+NODE = "rt-node"
+NVIDIA_MAJOR = 195
+CTL_MINOR = 255  # /dev/nvidiactl
+UVM_MINOR = 254  # our stand-in /dev/nvidia-uvm (the real one has a dynamic major)
+VCUDA_SOCK = "/etc/vcuda/vcuda.sock"  # where the Allocate response mounts the pod's directory
+
+
+@dataclass
+class FakeGpus:
+    """``count`` GPUs whose minors have no /dev node yet; the nodes made here, and the fake file."""
+
+    minors: list[int]
+    profile: Path
+    leftovers: Leftovers
+    made: list[str] = field(default_factory=list)
+
+    def node(self, index: int) -> str:
+        return f"/dev/nvidia{self.minors[index]}"
+
+
+def _mknod(path: str, minor: int, lo: Leftovers) -> bool:
+    """A character device 195:minor, mode 0666 (chmod: mknod's mode goes through the umask)."""
+    if os.path.lexists(path):
+        return False
+    lo.add_dev_node(path)  # written down first: the reaper removes it if this process dies
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
+    os.chmod(path, 0o666)
+    return True
+
+
+def make_fake_gpus(root: Path, lo: Leftovers, count: int = 4) -> FakeGpus:
+    minors = [m for m in range(0, 250) if not os.path.lexists(f"/dev/nvidia{m}")][:count]
+    gpus = FakeGpus(minors, root / "gpus.yaml", lo)
+    lines = ["profile: rt-test", 'driver_version: "535.104.05"', "name: Tesla T4", "memory: 16GiB", "gpus:"]
+    lines += [f"  - {{minor: {m}}}" for m in minors]
+    gpus.profile.write_text("\n".join(lines) + "\n")
+    for path, minor in [*((f"/dev/nvidia{m}", m) for m in minors), ("/dev/nvidiactl", CTL_MINOR),
+                        ("/dev/nvidia-uvm", UVM_MINOR)]:
+        if _mknod(path, minor, lo):
+            gpus.made.append(path)
+    return gpus
+
+
+def remove_fake_gpus(gpus: FakeGpus) -> None:
+    for path in gpus.made:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def gpu_container(name: str, cores: int = 0, memory: int = 0, *, command: str | None = None,
+                  image: str = "cuda") -> dict[str, Any]:
+    limits = {}
+    if cores:
+        limits["tencent.com/vcuda-core"] = str(cores)
+    if memory:
+        limits["tencent.com/vcuda-memory"] = str(memory)
+    spec: dict[str, Any] = {"name": name, "image": image, "resources": {"limits": limits, "requests": dict(limits)}}
+    if command is not None:
+        spec["command"] = ["/bin/sh", "-c", command]
+    return spec
+
+
+def pod(name: str, *containers: dict[str, Any], init: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": list(containers), "terminationGracePeriodSeconds": 5}
+    if init:
+        spec["initContainers"] = list(init)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+def runtime_id(pod_obj: dict[str, Any], container: str) -> str:
+    statuses = [*(pod_obj["status"].get("initContainerStatuses") or []), *pod_obj["status"]["containerStatuses"]]
+    st = next(s for s in statuses if s["name"] == container)
+    return str(st["containerID"]).split("://", 1)[1]
+
+
+@dataclass
+class RtNode:
+    """The simulator (kubelet on containerd) and the agent's settings; services attached by the fixture."""
+
+    sim: NodeSimulator
+    settings: Settings
+    gpus: FakeGpus
+    services: dict[str, Any] = field(default_factory=dict)
+    launcher: Any = None
+
+    async def allocations(self) -> list[Any]:
+        """The allocator's live allocations, asked over NATS as any client would."""
+        from libs.bus.client import Bus
+        from libs.commands import StateReply, StateRequest
+
+        bus = await Bus.connect(self.settings.nats_url, name="rt-test", node=NODE)
+        try:
+            reply = await bus.request(bus.subjects.state, StateRequest(), StateReply, timeout=5)
+        finally:
+            await bus.close()
+        return list(reply.snapshot.allocations)
+
+    async def wait_no_allocations(self, timeout: float = 20) -> None:
+        async with asyncio.timeout(timeout):
+            while await self.allocations():  # noqa: ASYNC110 (another process's state: poll it)
+                await asyncio.sleep(0.2)
+
+    @property
+    def client(self) -> Any:
+        return self.sim.runtime.pods.client
+
+    async def run_pod(self, manifest: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+        created = await self.sim.create_pod(manifest)
+        ns, name = created["metadata"]["namespace"], created["metadata"]["name"]
+        return await self.sim.wait_for_pod(
+            ns, name, lambda p: p["status"].get("phase") in ("Running", "Failed", "Succeeded"), timeout)
+
+    def pod(self, name: str) -> dict[str, Any]:
+        found = self.sim.get_pod("default", name)
+        assert found is not None, f"pod {name} does not exist"
+        return found
+
+    async def exec(self, pod_name: str, container: str, *cmd: str, timeout: int = 20) -> cri.ExecSyncResponse:
+        """Run a command inside the container (CRI ExecSync: its namespaces, cgroup and device rules)."""
+        return await self.client.exec_sync(runtime_id(self.pod(pod_name), container), list(cmd), timeout)
+
+    async def sh(self, pod_name: str, container: str, script: str) -> tuple[int, str]:
+        reply = await self.exec(pod_name, container, "/bin/sh", "-c", script)
+        return reply.exit_code, (reply.stdout + reply.stderr).decode(errors="replace")
+
+    async def register(self, pod_name: str, container: str, *, as_pod: str | None = None) -> tuple[int, str]:
+        """vcuda-register from inside the container, naming its own pod (or ``as_pod``'s) and container id."""
+        target = self.pod(as_pod or pod_name)
+        reply = await self.exec(pod_name, container, "/bin/vcuda-register", VCUDA_SOCK,
+                                target["metadata"]["uid"], runtime_id(self.pod(pod_name), container))
+        return reply.exit_code, (reply.stdout + reply.stderr).decode(errors="replace")
+
+    async def read_vcuda_config(self, pod_name: str, container: str) -> vcuda_config.VcudaConfig:
+        """The container reads its own vcuda.config (od inside the container); decoded here."""
+        cid = runtime_id(self.pod(pod_name), container)
+        code, out = await self.sh(pod_name, container, f"od -An -v -tx1 /etc/vcuda/{cid}/vcuda.config")
+        assert code == 0, out
+        return vcuda_config.decode(bytes(int(b, 16) for b in out.split()))
+
+
+def pod_cgroup_dirs(uid: str) -> list[str]:
+    """Every cgroup directory of the pod, in any hierarchy and QoS level."""
+    found = []
+    for mount in cgroup_mounts():
+        for level in ("kubepods", "kubepods/besteffort", "kubepods/burstable"):
+            path = Path(mount) / level / f"pod{uid}"
+            if path.exists():
+                found.append(str(path))
+    return found
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if text in cmd and int(pid) != os.getpid():
+                found.append(f"{pid}: {cmd[:160]}")
+    return found
+
+
+def mounts_under(prefix: str) -> list[str]:
+    return [line.split(" ")[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split(" ")[4].startswith(prefix)]

@@ -1,0 +1,41 @@
+"""Walkthrough: a share container (cores + memory) in a real container registers through its pod's
+vcuda.sock from inside its own PID namespace, and reads back its own vcuda.config."""
+
+from __future__ import annotations
+
+from tests.runtime.helpers import VCUDA_SOCK, RtNode, gpu_container, pod, runtime_id
+
+
+async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(rt_node: RtNode) -> None:
+    node = rt_node
+    # 1. A pod asking for half a GPU and 4 x 256 MiB starts as a real container.
+    running = await node.run_pod(pod("share", gpu_container("cuda", cores=50, memory=4)))
+    assert running["status"]["phase"] == "Running", running["status"]
+    uid = running["metadata"]["uid"]
+    cid = runtime_id(running, "cuda")
+
+    # 2. Inside: the Allocate response's env, the read-only /etc/vcuda mount, its own PID namespace.
+    code, out = await node.sh("share", "cuda", "echo $LD_LIBRARY_PATH; echo $$; ls /etc/vcuda; "
+                              "grep ' /etc/vcuda ' /proc/self/mounts; cat /proc/self/cgroup")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "/usr/local/nvidia/lib64"
+    assert int(lines[1]) < 100  # a pid of the container's namespace, not the host's
+    assert "vcuda.sock" in lines[2:4]
+    assert any(" /etc/vcuda " in line and "ro," in line for line in lines), out
+    assert f"/kubepods/besteffort/pod{uid}/{cid}" in out  # the cgroup runc made, under the QoS parent
+
+    # 3. Register the way the interception library does: connect to the mounted vcuda.sock.
+    code, out = await node.register("share", "cuda")
+    assert (code, out.strip()) == (0, "registered"), out
+
+    # 4. The container reads its own vcuda.config: its pod, its container, 50 % and 1 GiB.
+    cfg = await node.read_vcuda_config("share", "cuda")
+    assert cfg.pod_uid == uid
+    assert cfg.container_name == "cuda"
+    assert cfg.utilization == 50
+    assert cfg.gpu_memory == 4 * 256 * 1024 * 1024
+    # The file is read-only from inside.
+    code, out = await node.sh("share", "cuda", f"echo x > /etc/vcuda/{cid}/vcuda.config")
+    assert code != 0 and "Read-only file system" in out, out
+    assert VCUDA_SOCK.startswith("/etc/vcuda/")
