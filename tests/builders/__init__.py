@@ -1,4 +1,4 @@
-"""Builders the test areas share: pod manifests, the settings of a simulated node.
+"""Builders the test areas share: pod manifests, the settings of a simulated node, filler events.
 
 Beside them: ``tests.builders.cgroups`` (fake cgroup trees and /proc files) and ``tests.builders.elf``
 (shared objects and ld.so.cache files written byte by byte).
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from libs.config import Settings
+from libs.events.schema import AllocationReleased
 
 NODE = "node-1.example"  # a dot, to exercise subject escaping end to end
 
@@ -67,3 +68,8 @@ def ctr(name: str, limits: dict[str, int | str] | None = None, *, sidecar: bool 
 
 def phase_is(*phases: str) -> Callable[[dict[str, Any]], bool]:
     return lambda pod: (pod.get("status") or {}).get("phase") in phases
+
+
+def released_event(i: int, *, pods: int = 3) -> AllocationReleased:
+    """Release number ``i`` of pod ``p{i % pods}``: small events to fill a log or a stream with."""
+    return AllocationReleased(alloc_id=f"a{i}", pod_uid=f"p{i % pods}", container="c", reason="deleted")

@@ -10,12 +10,8 @@ import pytest
 
 from libs.bus import Bus, LogFollower, NatsServer, Relay
 from libs.errors import StoreError
-from libs.events.schema import AllocationReleased
 from libs.store import EventLog
-
-
-def ev(i: int) -> AllocationReleased:
-    return AllocationReleased(alloc_id=f"a{i}", pod_uid=f"p{i % 3}", container="c", reason="deleted")
+from tests.builders import released_event
 
 
 async def stream_contents(bus: Bus, count: int) -> list[tuple[int, str]]:
@@ -33,7 +29,7 @@ async def test_each_event_is_published_once_across_relay_restarts(nats_server: N
         for round_ in range(3):  # stop the relay mid-stream three times
             relay = Relay(bus, log)
             task = asyncio.create_task(relay.run())
-            writes = [asyncio.create_task(log.append([ev(round_ * 100 + i)])) for i in range(100)]
+            writes = [asyncio.create_task(log.append([released_event(round_ * 100 + i)])) for i in range(100)]
             await asyncio.sleep(0.02)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -62,11 +58,11 @@ async def test_a_broker_crash_loses_and_doubles_nothing(short_dir: Path) -> None
     task = asyncio.create_task(relay.run())
     try:
         for i in range(50):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         await relay.wait_published(50, timeout=10)
         await server.kill()  # SIGKILL, mid-stream
         for i in range(50, 120):  # the allocator keeps committing while the broker is down
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         await asyncio.sleep(0.5)
         server = NatsServer(short_dir / "js", port=port)
         await server.start()
@@ -88,7 +84,7 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
     relay_task = asyncio.create_task(Relay(bus, log).run())
     try:
         for i in range(20):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         seen: list[int] = []
         follower = LogFollower(bus, lambda e: seen.append(e.seq))
         task = asyncio.create_task(follower.run())
@@ -97,7 +93,7 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
         with contextlib.suppress(asyncio.CancelledError):
             await task
         for i in range(20, 30):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         resumed = LogFollower(bus, lambda e: seen.append(e.seq), after_seq=follower.last_seq)
         task = asyncio.create_task(resumed.run())
         await resumed.wait_for(30, timeout=10)
@@ -115,16 +111,16 @@ async def test_a_log_behind_its_stream_stops_publication(nats_server: NatsServer
     relay = Relay(bus, first)
     task = asyncio.create_task(relay.run())
     for i in range(5):
-        await first.append([ev(i)])
+        await first.append([released_event(i)])
     await relay.wait_published(5, timeout=10)
     task.cancel()
     other = await EventLog.open(short_dir / "b.sqlite")  # a wiped state dir against the same broker
     try:
-        await other.append([ev(99)])
+        await other.append([released_event(99)])
         with pytest.raises(StoreError, match="holds 5 events but the log"):
             await Relay(bus, other).run()
         for i in range(5):
-            await other.append([ev(i)])
+            await other.append([released_event(i)])
         with pytest.raises(StoreError, match="histories forked"):
             await Relay(bus, other).run()
     finally:
