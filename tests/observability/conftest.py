@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 
 from libs.bus.server import NatsServer
-from libs.kube.pods import RESOURCE_VCORE
 from tests.builders import settings_for
-from tests.e2e.helpers import Node, base_node
-from tests.observability.helpers import HEALTH, free_port_base, start_services
+from tests.e2e.helpers import Node, start_in_process
+from tests.observability.helpers import HEALTH, free_port_base
 
 
 @pytest.fixture
@@ -27,7 +26,4 @@ async def obs_node(nats_server: NatsServer, short_dir: Path, obs_overrides: dict
     settings = settings_for(short_dir, nats_server.url, metrics_port=free_port_base(), metrics_host="127.0.0.1",
                             **{**HEALTH, **obs_overrides})
     async with AsyncExitStack() as stack:
-        node = await base_node(stack, short_dir, nats_server.url, settings)
-        await start_services(stack, node)
-        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
-        yield node
+        yield await start_in_process(stack, short_dir, nats_server.url, settings)

@@ -8,16 +8,9 @@ import random
 import socket
 import urllib.request
 from collections.abc import Callable
-from contextlib import AsyncExitStack
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-
-from services.allocator import app as allocator_app
-from services.registrar import app as registrar_app
-from services.vmanager import app as vmanager_app
-from services.watchdog import app as watchdog_app
-from tests.e2e.helpers import Node
 
 # Fast enough for tests, slow enough not to depend on the machine's load.
 HEALTH = {"health_recovery_seconds": 1.0, "health_recovery_checks": 2, "health_check_interval": 0.2,
@@ -62,16 +55,6 @@ def value(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
     found = [s.value for s in samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items())]
     assert len(found) == 1, f"{name}{labels}: {len(found)} samples in {samples.get(name)}"
     return found[0]
-
-
-async def start_services(stack: AsyncExitStack, node: Node) -> None:
-    settings = node.settings
-    node.services = {
-        "allocator": await stack.enter_async_context(allocator_app.service(settings)),
-        "watchdog": await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=1.0)),
-        "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
-        "registrar": await stack.enter_async_context(registrar_app.service(settings)),
-    }
 
 
 async def scraped(port: int, check: Callable[[dict[str, list[Any]]], bool]) -> dict[str, list[Any]] | None:
