@@ -1,4 +1,4 @@
-"""Shared fixtures: real nats-server, short temp dirs, settings; the gate for GPU-only tests."""
+"""Shared fixtures: real nats-server, short temp dirs, a whole simulated node; the gate for GPU-only tests."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
 
 from libs.bus.server import NatsServer
+from tests.builders import settings_for
+from tests.e2e.helpers import Node, start_in_process, start_processes
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,3 +40,19 @@ async def nats_server(short_dir: Path) -> AsyncIterator[NatsServer]:
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest.fixture
+async def node(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
+    """The simulator and the four services in this process (tests/e2e/helpers.py)."""
+    settings = settings_for(short_dir, nats_server.url)
+    async with AsyncExitStack() as stack:
+        yield await start_in_process(stack, short_dir, nats_server.url, settings)
+
+
+@pytest.fixture
+async def node_processes(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[Node]:
+    """The simulator here and the four services as their own processes, as ``gpuledger up`` runs them."""
+    settings = settings_for(short_dir, nats_server.url, log_format="json")
+    async with AsyncExitStack() as stack:
+        yield await start_processes(stack, short_dir, nats_server.url, settings)

@@ -17,15 +17,12 @@ from nats.js import api
 
 from libs.bus import Bus, NatsServer, Relay
 from libs.events.jsonschema import DEFAULT_OUT
-from libs.events.schema import AllocationReleased, GpuInfo, InventoryRecorded
+from libs.events.schema import GpuInfo, InventoryRecorded
 from libs.store import EventLog
+from tests.builders import released_event
 
 NODE = "ip-10-0-0-1.ec2.internal"
 TOKEN = "ip-10-0-0-1_2Eec2_2Einternal"  # as the README's NATS subjects section escapes it
-
-
-def released(i: int) -> AllocationReleased:
-    return AllocationReleased(alloc_id=f"a{i}", pod_uid=f"p{i % 3}", container="c", reason="deleted")
 
 
 @contextlib.asynccontextmanager
@@ -61,7 +58,7 @@ async def test_a_plain_nats_client_sees_the_documented_subjects(nats_server: Nat
             gpu = GpuInfo(index=0, minor=0, uuid="GPU-0", memory=1 << 34)
             await log.append([InventoryRecorded(node=NODE, backend="fake", gpus=(gpu,))])
             for i in range(5):
-                await log.append([released(i)])
+                await log.append([released_event(i)])
             await relay.wait_published(6, timeout=10)
             # A late subscriber replays the stream, by its documented name, from any seq.
             js = nc.jetstream()
@@ -115,7 +112,7 @@ async def test_events_follow_reads_the_stream_and_catches_up(
 ) -> None:
     async with publishing(nats_server.url, short_dir / "ledger.sqlite") as (log, _relay):
         for i in range(10):
-            await log.append([released(i)])
+            await log.append([released_event(i)])
         extra = ["--durable", "ops-audit"] if mode == "durable" else []
         proc = await start_follow(nats_server.url, *extra)  # the node is found: the only gpuledger stream
         try:
@@ -124,13 +121,13 @@ async def test_events_follow_reads_the_stream_and_catches_up(
         finally:
             await stop(proc)
         for i in range(10, 25):  # while the follower is away
-            await log.append([released(i)])
+            await log.append([released_event(i)])
         resume = ["--since", str(first[-1])] if mode == "since" else []
         proc = await start_follow(nats_server.url, "--node-name", NODE, *extra, *resume)
         try:
             second = await read_seqs(proc, 15)
             for i in range(25, 30):  # and live again
-                await log.append([released(i)])
+                await log.append([released_event(i)])
             third = await read_seqs(proc, 5)
         finally:
             await stop(proc)

@@ -10,31 +10,20 @@ import os
 import signal
 import sqlite3
 import sys
-import time
+from typing import Any
 
 import pytest
 
 from libs.bus import LogFollower, NatsServer
-from libs.errors import BusError
-from tests.e2e.conftest import NODE, Node, gpu_pod, node_processes  # noqa: F401  (the fixture)
+from tests.builders import NODE, gpu_pod
+from tests.e2e.helpers import Node, snapshot_when_back
+from tests.polling import eventually
 
 pytestmark = pytest.mark.slow
 
 # One reconciliation period of the watchdog process (Settings.allocation_check_period) plus slack for a
 # loaded machine.
 RECONCILE_WAIT = 75.0
-
-
-async def allocator_back(node: Node, timeout: float = 40) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await node.snapshot()
-            return
-        except BusError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 def start_failed(pod: dict) -> bool:
@@ -67,10 +56,11 @@ async def run_until_running(node: Node, name: str, attempts: int = 5) -> None:
 
 async def released(node: Node, pod_name: str, timeout: float = 30) -> None:
     """Until the allocator's state no longer holds the pod (its release is committed)."""
-    deadline = time.monotonic() + timeout
-    while any(a.pod_name == pod_name for a in (await node.snapshot()).allocations):
-        assert time.monotonic() < deadline, f"{pod_name} was not released"
-        await asyncio.sleep(0.2)
+
+    async def gone() -> bool:
+        return not any(a.pod_name == pod_name for a in (await node.snapshot()).allocations)
+
+    await eventually(gone, timeout=timeout, interval=0.2, what=f"{pod_name} released")
 
 
 def log_rows(node: Node) -> list[tuple[int, str]]:
@@ -89,7 +79,7 @@ def event_types(node: Node) -> list[str]:
         conn.close()
 
 
-async def test_allocator_and_broker_killed_mid_stream(node_processes: Node, nats_server: NatsServer) -> None:  # noqa: F811
+async def test_allocator_and_broker_killed_mid_stream(node_processes: Node, nats_server: NatsServer) -> None:
     node = node_processes
     assert node.launcher is not None
     seen: list[int] = []
@@ -111,14 +101,14 @@ async def test_allocator_and_broker_killed_mid_stream(node_processes: Node, nats
         await asyncio.sleep(0.05)
         os.kill(allocator.proc.pid, signal.SIGKILL)
         await admitting  # Running, Failed or stuck at container start: either way the log says which
-        await allocator_back(node)
+        await snapshot_when_back(node, timeout=40)
 
         # The broker dies right after more events were committed.
         await node.sim.delete_pod("default", "before-1")
         await nats_server.kill()
         await asyncio.sleep(1.0)
         await nats_server.start()  # same port, same JetStream store
-        await allocator_back(node)
+        await snapshot_when_back(node, timeout=40)
         await run_until_running(node, "after")
         await node.sim.delete_pod("default", "before-2")
         await released(node, "before-2")
@@ -131,13 +121,12 @@ async def test_allocator_and_broker_killed_mid_stream(node_processes: Node, nats
         rows = log_rows(node)
         last = rows[-1][0]
         assert event_types(node).count("alloc.released") >= 3
-        info = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        async def stream_caught_up() -> Any:
             info = await node.bus.js.stream_info(node.bus.subjects.stream)
-            if info.state.last_seq >= last and log_rows(node)[-1][0] == info.state.last_seq:
-                break
-            await asyncio.sleep(0.2)
+            return info if info.state.last_seq >= last and log_rows(node)[-1][0] == info.state.last_seq else None
+
+        info = await eventually(stream_caught_up, timeout=30, interval=0.2, what="the stream holding every row")
         rows = log_rows(node)
         last = rows[-1][0]
         assert info is not None and (info.state.messages, info.state.last_seq) == (last, last)

@@ -12,21 +12,17 @@ from pathlib import Path
 import pytest
 
 from libs.errors import StoreError
-from libs.events.schema import AllocationReleased
 from libs.ledger.snapshot import load_state, save_snapshot
 from libs.store import EventLog, replay
 from libs.store.verify import verify_log
-
-
-def ev(i: int) -> AllocationReleased:
-    return AllocationReleased(alloc_id=f"a{i}", pod_uid=f"p{i % 3}", container="c", reason="deleted")
+from tests.builders import released_event
 
 
 async def write(path: Path, count: int) -> None:
     log = await EventLog.open(path)
     try:
         for i in range(count):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
     finally:
         await log.close()
 
@@ -131,7 +127,7 @@ async def crash_copy(tmp_path: Path, count: int) -> tuple[Path, Path]:
     log = await EventLog.open(live)
     try:
         for i in range(count):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         crashed = tmp_path / "crashed" / "ledger.sqlite"
         crashed.parent.mkdir()
         shutil.copyfile(live, crashed)
@@ -152,7 +148,7 @@ async def test_a_torn_last_commit_in_the_wal_loses_only_that_commit(tmp_path: Pa
     log = await EventLog.open(crashed)  # the writer starts on it and carries on after seq 9
     try:
         assert log.last_seq == 9
-        assert (await log.append([ev(99)]))[0].seq == 10
+        assert (await log.append([released_event(99)]))[0].seq == 10
     finally:
         await log.close()
     assert verify_log(crashed).ok

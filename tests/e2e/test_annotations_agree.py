@@ -12,8 +12,8 @@ import asyncio
 from typing import Any
 
 from libs.kube.annotations import ready_annotations
-from tests.e2e.conftest import gpu_pod
-from tests.e2e.test_watchdog_k8s import WatchdogNode, wnode  # noqa: F401 (the fixture)
+from tests.builders import gpu_pod
+from tests.e2e.helpers import WatchdogNode
 
 IDX = "tencent.com/predicate-gpu-idx-"
 ASSIGNED = "tencent.com/gpu-assigned"
@@ -29,7 +29,7 @@ def ours(annotations: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_a_running_pods_annotations_are_stable_and_repaired_to_the_allocators_values(
-        wnode: WatchdogNode) -> None:  # noqa: F811
+        wnode: WatchdogNode) -> None:
     # An init container, a shared GPU and a two-GPU container: every case of the rule at once.
     manifest = gpu_pod("stable", ("shared", 30, 2), ("wide", 200, 0))
     manifest["spec"]["initContainers"] = [{"name": "setup", "image": "cuda", "resources": {

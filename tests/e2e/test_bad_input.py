@@ -13,7 +13,8 @@ from libs.errors import RemoteError
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from libs.vcuda.client import VcudaClientError, register_vdevice
-from tests.e2e.conftest import Node, gpu_pod
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node
 
 VCORE = "tencent.com/vcuda-core"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Node
+from tests.e2e.helpers import Node
 
 pytestmark = pytest.mark.slow
 

@@ -5,16 +5,14 @@ A killed allocator replays to the same state; a frozen one never hangs the kubel
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
 
 import pytest
 
-from libs.errors import BusError
-from libs.ledger.state import LedgerSnapshot
-from tests.e2e.conftest import Node, gpu_pod
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node, snapshot_when_back
 
 pytestmark = pytest.mark.slow
 
@@ -22,17 +20,6 @@ pytestmark = pytest.mark.slow
 def _proc(node: Node, name: str):  # type: ignore[no-untyped-def]
     assert node.launcher is not None
     return next(c for c in node.launcher.children if c.name == name)
-
-
-async def _snapshot_when_back(node: Node, timeout: float = 30) -> LedgerSnapshot:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await node.snapshot()
-        except BusError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 async def test_allocator_killed_and_restarted_replays_the_same_state(node_processes: Node) -> None:
@@ -49,7 +36,7 @@ async def test_allocator_killed_and_restarted_replays_the_same_state(node_proces
     old_pid = allocator.proc.pid
     os.kill(old_pid, signal.SIGKILL)
     await allocator.proc.wait()
-    after = await _snapshot_when_back(node)
+    after = await snapshot_when_back(node, timeout=30)
     assert allocator.proc.pid != old_pid  # the launcher restarted it
     assert after == before
 
@@ -79,7 +66,7 @@ async def test_a_frozen_allocator_fails_the_pod_in_bounded_time(node_processes: 
     assert "did not answer within 5s" in pod["status"]["message"]
     assert waited < node.settings.allocate_timeout + 3
     # Once it thaws, nothing was granted for the failed pod (its deadline had passed), and it works again.
-    snap = await _snapshot_when_back(node)
+    snap = await snapshot_when_back(node, timeout=30)
     assert all(a.pod_name != "stuck" for a in snap.allocations)
     pod = await node.run_pod(gpu_pod("fine", ("c", 50, 2)))
     assert pod["status"]["phase"] == "Running", pod["status"]

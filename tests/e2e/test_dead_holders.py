@@ -21,7 +21,8 @@ from services.allocator.liveness import GONE_AT_ALLOCATE
 from services.registrar import app as registrar_app
 from services.vmanager import app as vmanager_app
 from services.watchdog import app as watchdog_app
-from tests.e2e.conftest import Node, _base, gpu_pod, settings_for
+from tests.builders import gpu_pod, settings_for
+from tests.e2e.helpers import Node, base_node
 
 
 async def held(node: Node, timeout: float = 10) -> set[str]:
@@ -37,7 +38,7 @@ async def held(node: Node, timeout: float = 10) -> set[str]:
 async def test_room_held_by_a_dead_pod_is_freed_at_allocate(nats_server: NatsServer, short_dir: Path) -> None:
     settings = settings_for(short_dir, nats_server.url, identity_check_period=0)
     async with AsyncExitStack() as stack:
-        node = await _base(stack, short_dir, nats_server.url, settings)
+        node = await base_node(stack, short_dir, nats_server.url, settings)
         allocator = AsyncExitStack()
         await allocator.enter_async_context(allocator_app.service(settings))
         try:

@@ -14,7 +14,8 @@ from typing import Any
 from libs.config import MEMORY_BLOCK
 from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode
-from tests.e2e.conftest import Node, gpu_pod
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node
 
 
 def predicated(name: str, *containers: tuple[str, int, int], idx: dict[int, str] | None = None,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gpuledger.health_cmd import check
-from tests.e2e.conftest import Node
+from tests.e2e.helpers import Node
 
 SERVICES = ("registrar", "allocator", "vmanager", "watchdog", "nats")
 

@@ -13,54 +13,19 @@ from __future__ import annotations
 
 import asyncio
 
-from libs.commands import PodsReply, PodsRequest
-from libs.config import MEMORY_BLOCK
 from libs.kube.pods import RESOURCE_VCORE
 from libs.ledger.state import LedgerState
 from libs.store import replay
 from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode
-from tests.e2e.conftest import Node, gpu_pod
-from tests.e2e.test_prestart import prestart
-
-
-async def _watchdog_sees(node: Node, names: set[str], timeout: float = 10) -> None:
-    """Wait (bounded) until the watchdog's pod cache, and the allocator's copy, hold these pods."""
-    cache = node.services["allocator"].handlers.pod_cache
-    async with asyncio.timeout(timeout):
-        while True:
-            reply = await node.bus.request(node.bus.subjects.pods, PodsRequest(phase="Pending"), PodsReply, timeout=5)
-            if names <= {p.metadata.name for p in reply.pods} and names <= {p.metadata.name for p in cache.pending()}:
-                return
-            await asyncio.sleep(0.05)
-
-
-async def _opposite_order(node: Node) -> tuple[dict[str, str], dict[str, int]]:
-    """Pods B then A, equal cores, A with the earlier predicate time; both Running. (uids, memory)"""
-    # 60 cores each: two such shares cannot sit on one GPU, so the two grants land on different GPUs.
-    pod_a = gpu_pod("pod-a", ("main", 60, 4), annotations={"tencent.com/predicate-time": "1000"})
-    pod_b = gpu_pod("pod-b", ("main", 60, 8), annotations={"tencent.com/predicate-time": "2000"})
-    # Hold the simulated kubelet's admission until the allocator can see both pods: B is created
-    # first, so the kubelet admits B first, while A's earlier predicate time puts A first for a
-    # gpu-manager style guess.
-    async with node.sim.kubelet.admission_lock:
-        await node.sim.create_pod(pod_b)
-        await node.sim.create_pod(pod_a)
-        await _watchdog_sees(node, {"pod-a", "pod-b"})
-    running = {}
-    for name in ("pod-a", "pod-b"):
-        running[name] = await node.sim.wait_for_pod(
-            "default", name, lambda p: p["status"].get("phase") in ("Running", "Failed"), 20)
-        assert running[name]["status"]["phase"] == "Running", running[name]["status"]
-    uid = {name: p["metadata"]["uid"] for name, p in running.items()}
-    return uid, {"pod-a": 4 * MEMORY_BLOCK, "pod-b": 8 * MEMORY_BLOCK}
+from tests.e2e.helpers import Node, opposite_order, prestart
 
 
 async def test_the_kubelets_admission_order_decides_at_allocate(node: Node) -> None:
     # The kubelet's pod-resources lists only the pods it has taken up: while it admits B, A is not
     # known yet, so B gets B's grant at once (gpu-manager would give it A's, issue #109) and what
     # the kubelet hands each container is right from the start.
-    uid, want = await _opposite_order(node)
+    uid, want = await opposite_order(node)
     snap = await node.snapshot()
     assert not node.tap.of("alloc.corrected")
     for alloc in snap.allocations:
@@ -80,7 +45,7 @@ async def test_a_wrong_guess_is_corrected_at_prestart(node: Node) -> None:
     # back, and both grants move to the pods that really hold their devices.
     assert node.sim.pod_resources is not None
     await node.sim.pod_resources.stop()
-    uid, want = await _opposite_order(node)
+    uid, want = await opposite_order(node)
     snap = await node.snapshot()
     assert {a.pod_name: sorted(a.device_ids) for a in snap.allocations} == {
         "pod-a": sorted(node.sim.allocated_device_ids(uid["pod-b"], "main", RESOURCE_VCORE)),
@@ -147,7 +112,7 @@ async def test_the_periodic_check_corrects_what_prestart_could_not_see(node: Nod
     # once it is back, the periodic reconciliation corrects the record.
     assert node.sim.pod_resources is not None
     await node.sim.pod_resources.stop()
-    uid, want = await _opposite_order(node)
+    uid, want = await opposite_order(node)
 
     def kubelet_ids(name: str) -> list[str]:
         return sorted(node.sim.allocated_device_ids(uid[name], "main", RESOURCE_VCORE))

@@ -15,24 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from libs.config import MEMORY_BLOCK
 from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode
-from tests.e2e.conftest import Node, gpu_pod
-from tests.e2e.test_identity import _opposite_order, _watchdog_sees
-
-
-async def _until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not check():  # noqa: ASYNC110 (files on disk, no event to wait on)
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout}s: {what}") from None
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node, opposite_order, watchdog_sees
+from tests.polling import eventually
 
 
 async def _register(node: Node, pod: dict[str, Any]) -> Path:
@@ -48,7 +39,7 @@ async def _register(node: Node, pod: dict[str, Any]) -> Path:
 async def test_a_swap_keeps_both_pods_served_and_their_vcuda_config_right(node: Node) -> None:
     assert node.sim.pod_resources is not None
     await node.sim.pod_resources.stop()
-    uid, want = await _opposite_order(node)
+    uid, want = await opposite_order(node)
     configs, inodes, written = {}, {}, {}
     for name in ("pod-a", "pod-b"):
         pod = node.sim.get_pod("default", name)
@@ -91,7 +82,7 @@ async def test_a_pod_left_without_grants_loses_its_directory_and_the_real_holder
             gpu_pod("pod-a", ("main", 60, 4), annotations={"tencent.com/predicate-time": "1000"}))
     finally:
         kubelet.pod_created = take_up  # type: ignore[method-assign]
-    await _watchdog_sees(node, {"pod-a"})
+    await watchdog_sees(node, {"pod-a"})
     pod_b = await node.run_pod(gpu_pod("pod-b", ("main", 60, 8), annotations={"tencent.com/predicate-time": "2000"}))
     assert pod_b["status"]["phase"] == "Running", pod_b["status"]
     uid_a, uid_b = created_a["metadata"]["uid"], pod_b["metadata"]["uid"]
@@ -106,8 +97,11 @@ async def test_a_pod_left_without_grants_loses_its_directory_and_the_real_holder
     corrected = await node.tap.wait("alloc.corrected", 1, timeout=10)
     assert (corrected[0].data["previous_pod_uid"], corrected[0].data["pod_uid"]) == (uid_a, uid_b)
     # Promptly (the vmanager reconciles only at its start): B is served, A's directory is gone.
-    await _until(lambda: (dir_b / "vcuda.sock").is_socket() and uid_b in sockets.servers, "pod B served")
-    await _until(lambda: not dir_a.exists() and uid_a not in sockets.servers, "pod A's directory removed")
+    # Files on disk, no event to wait on.
+    await eventually(lambda: (dir_b / "vcuda.sock").is_socket() and uid_b in sockets.servers, timeout=10,
+                     interval=0.05, what="pod B served")
+    await eventually(lambda: not dir_a.exists() and uid_a not in sockets.servers, timeout=10, interval=0.05,
+                     what="pod A's directory removed")
     cfg = await _register(node, pod_b)
     assert decode(cfg.read_bytes()).gpu_memory == 8 * MEMORY_BLOCK
 

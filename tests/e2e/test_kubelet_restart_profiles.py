@@ -21,7 +21,9 @@ from services.vmanager import app as vmanager_app
 from services.watchdog import app as watchdog_app
 from simulator import NodeSimulator, SimConfig
 from simulator.config import PROFILES
-from tests.e2e.conftest import NODE, Node, _tap, gpu_pod, settings_for
+from tests.builders import NODE, gpu_pod, settings_for
+from tests.e2e.helpers import Node, event_tap
+from tests.polling import eventually
 
 
 @pytest.fixture(params=PROFILES)
@@ -34,7 +36,7 @@ async def profiled_node(request: pytest.FixtureRequest, nats_server: NatsServer,
             kubeconfig_path=short_dir / "kubeconfig", seed=7, profile=request.param))
         await sim.start()
         stack.push_async_callback(sim.stop)
-        tap = await _tap(nats_server.url, stack)
+        tap = await event_tap(nats_server.url, stack)
         bus = await Bus.connect(nats_server.url, name="test", node=NODE)
         stack.push_async_callback(bus.close)
         node = Node(sim=sim, settings=settings, bus=bus, tap=tap)
@@ -81,9 +83,8 @@ async def test_wiped_plugin_sockets_are_served_and_registered_again(profiled_nod
     count = keeper.registrations
     for name in ("vcore.sock", "vmemory.sock"):
         (Path(node.settings.device_plugin_dir) / name).unlink()
-    async with asyncio.timeout(10):
-        while keeper.registrations < count + 1:  # noqa: ASYNC110 (a counter)
-            await asyncio.sleep(0.05)
+    await eventually(lambda: keeper.registrations >= count + 1, timeout=10, interval=0.05,
+                     what="the registrar registering again")
     await asyncio.sleep(1.0)  # let the old streams' ends reach the kubelet
     await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=5)
     await node.sim.wait_for_resource(RESOURCE_VMEMORY, 256, timeout=5)

@@ -10,7 +10,8 @@ from libs.config import MEMORY_BLOCK
 from libs.store import iter_events, open_reader
 from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode
-from tests.e2e.conftest import Node, gpu_pod
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node
 
 
 def log_types(node: Node) -> list[str]:

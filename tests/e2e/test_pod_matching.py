@@ -11,7 +11,8 @@ from typing import Any
 
 from libs.config import MEMORY_BLOCK
 from libs.kube.pods import RESOURCE_VCORE
-from tests.e2e.conftest import Node, gpu_pod
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node
 
 
 def with_init(name: str, init: tuple[str, int, int], *apps: tuple[str, int, int]) -> dict[str, Any]:

@@ -8,21 +8,12 @@ vcuda.sock is served, and the pod is annotated ``gpu-assigned=true``. Failures c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 
 from libs.kube.pods import RESOURCE_VCORE
-from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from tests.e2e.conftest import Node, gpu_pod
-
-
-async def prestart(node: Node, ids: list[str]) -> None:
-    sock = Path(node.settings.device_plugin_dir) / "vcore.sock"
-    async with grpc.aio.insecure_channel(f"unix://{sock}") as ch:
-        await pb_grpc.DevicePluginStub(ch).PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=20)
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node, prestart
 
 
 async def test_prestart_of_a_started_container_checks_and_serves_again(node: Node) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.conftest import Node, gpu_pod
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node
 
 ROOT = Path(__file__).resolve().parents[2]
 GPULEDGER = Path(sys.executable).parent / "gpuledger"

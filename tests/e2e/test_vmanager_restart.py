@@ -3,39 +3,30 @@
 from __future__ import annotations
 
 import array
-import asyncio
 import os
 import signal
 import uuid
-from pathlib import Path
 
 import pytest
 
 from libs.commands import PrepareReply, PrepareRequest
 from libs.errors import BusError, RemoteError
 from libs.vcuda.client import register_vdevice
-from tests.e2e.conftest import Node, gpu_pod
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node
+from tests.polling import eventually
 
 
-async def _vmanager_answers(node: Node, timeout: float = 60) -> None:
+async def _vmanager_answers(node: Node) -> bool:
     """The vmanager process is up (slow to start on a loaded machine): prepare answers, here with a 404."""
-    async with asyncio.timeout(timeout):
-        while True:
-            try:
-                await node.bus.request(node.bus.subjects.prepare, PrepareRequest(pod_uid=str(uuid.uuid4())),
-                                       PrepareReply, timeout=2)
-            except RemoteError as exc:
-                if exc.code == 404:
-                    return
-            except BusError:
-                pass
-            await asyncio.sleep(0.2)
-
-
-async def _gone(path: Path, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while path.exists():  # noqa: ASYNC110 (another process removes it)
-            await asyncio.sleep(0.1)
+    try:
+        await node.bus.request(node.bus.subjects.prepare, PrepareRequest(pod_uid=str(uuid.uuid4())),
+                               PrepareReply, timeout=2)
+    except RemoteError as exc:
+        return exc.code == 404
+    except BusError:
+        pass
+    return False
 
 
 @pytest.mark.slow
@@ -43,7 +34,7 @@ async def test_nothing_left_when_a_pod_is_deleted_while_the_vmanager_is_down(nod
     node = node_processes
     assert node.launcher is not None
     vm = node.settings.vm_root
-    await _vmanager_answers(node)
+    await eventually(lambda: _vmanager_answers(node), timeout=60, interval=0.2, what="the vmanager answering")
     pod = await node.run_pod(gpu_pod("job", ("c", 50, 2)))
     assert pod["status"]["phase"] == "Running", pod["status"]
     uid = pod["metadata"]["uid"]
@@ -63,6 +54,7 @@ async def test_nothing_left_when_a_pod_is_deleted_while_the_vmanager_is_down(nod
     finally:
         os.kill(old_pid, signal.SIGKILL)
         os.kill(old_pid, signal.SIGCONT)
-    await _gone(vm / uid, timeout=45)  # the restarted vmanager replays the log and collects it
+    # The restarted vmanager replays the log and collects it (another process removes it).
+    await eventually(lambda: not (vm / uid).exists(), timeout=45, interval=0.1, what=f"{vm / uid} removed")
     assert vmanager.proc.pid != old_pid
     assert os.listdir(vm) == []

@@ -5,67 +5,13 @@ annotation repair and node labels."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from libs.bus.server import NatsServer
-from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
-from services.allocator import app as allocator_app
-from services.registrar import app as registrar_app
-from services.vmanager import app as vmanager_app
-from services.watchdog import app as watchdog_app
-from services.watchdog.app import WatchdogService
 from services.watchdog.labels import MANAGED_ANNOTATION, MODEL_LABEL
-from tests.e2e.conftest import Node, _base, gpu_pod, settings_for
-
-PERIOD = 0.5  # reconciliation period in these tests
-
-
-class WatchdogNode(Node):
-    _watchdog_cm: AbstractAsyncContextManager[WatchdogService] | None = None
-
-    @property
-    def watchdog(self) -> WatchdogService:
-        return self.services["watchdog"]
-
-    async def start_watchdog(self, settings: Settings | None = None) -> WatchdogService:
-        self.settings = settings or self.settings
-        self._watchdog_cm = watchdog_app.service(self.settings, reconcile_period=PERIOD)
-        self.services["watchdog"] = await self._watchdog_cm.__aenter__()
-        await asyncio.wait_for(self.watchdog.source.synced.wait(), 10)
-        return self.watchdog
-
-    async def stop_watchdog(self) -> None:
-        cm, self._watchdog_cm = self._watchdog_cm, None
-        if cm is not None:
-            await cm.__aexit__(None, None, None)
-
-    async def passes(self, count: int = 2, timeout: float = 15) -> None:
-        """Wait until `count` more reconciliation passes have finished."""
-        target = self.watchdog.recycler.passes + count
-        async with asyncio.timeout(timeout):
-            while self.watchdog.recycler.passes < target:  # noqa: ASYNC110 (a counter)
-                await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def wnode(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[WatchdogNode]:
-    settings = settings_for(short_dir, nats_server.url, node_labels="team=ml,tier=gpu")
-    async with AsyncExitStack() as stack:
-        base = await _base(stack, short_dir, nats_server.url, settings)
-        node = WatchdogNode(sim=base.sim, settings=settings, bus=base.bus, tap=base.tap)
-        node.services["allocator"] = await stack.enter_async_context(allocator_app.service(settings))
-        await node.start_watchdog()
-        stack.push_async_callback(node.stop_watchdog)
-        node.services["vmanager"] = await stack.enter_async_context(vmanager_app.service(settings))
-        node.services["registrar"] = await stack.enter_async_context(registrar_app.service(settings))
-        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
-        yield node
+from tests.builders import gpu_pod
+from tests.e2e.helpers import WatchdogNode
+from tests.polling import eventually
 
 
 def owned(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -98,9 +44,9 @@ async def test_an_owned_pod_that_failed_admission_is_deleted_and_a_naked_one_kep
     naked = await wnode.run_pod(gpu_pod("naked", ("c", 100, 0)))
     assert naked["status"]["reason"] == "UnexpectedAdmissionError"
     created = await wnode.sim.create_pod(owned(gpu_pod("owned", ("c", 100, 0))))
-    async with asyncio.timeout(15):
-        while wnode.sim.get_pod("default", "owned") is not None:  # noqa: ASYNC110 (the store has no event here)
-            await asyncio.sleep(0.05)
+    # The store has no event here.
+    await eventually(lambda: wnode.sim.get_pod("default", "owned") is None, timeout=15, interval=0.05,
+                     what="the owned pod deleted")
     assert "default/owned" in wnode.watchdog.recycler.admission.deleted  # type: ignore[union-attr]
     await wnode.passes(2)
     assert wnode.sim.get_pod("default", "naked")["status"]["phase"] == "Failed"  # type: ignore[index]

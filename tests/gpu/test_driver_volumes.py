@@ -1,7 +1,7 @@
 """Driver volumes from a real NVIDIA driver install (run with GPULEDGER_GPU_TESTS=1 on a GPU machine).
 
 The host's own ld.so.cache and libraries: glibc's cache as ldconfig wrote it, the driver's real
-DT_SONAMEs. The interception library is a stand-in (tests/elffixtures.py): only its placement is checked.
+DT_SONAMEs. The interception library is a stand-in (tests/builders/elf.py): only its placement is checked.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from services.vmanager.ldcache import read_ld_cache
 from services.vmanager.volumes import build_volumes, soname_of
-from tests.elffixtures import shared_object
+from tests.builders.elf import shared_object
 
 
 @pytest.mark.gpu

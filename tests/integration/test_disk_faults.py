@@ -23,7 +23,8 @@ from libs.events.schema import AllocationReleased
 from libs.store import EventLog
 from libs.store.log import writer_lock
 from libs.store.verify import verify_log
-from tests.e2e.conftest import gpu_pod, settings_for, start_in_process
+from tests.builders import gpu_pod, settings_for
+from tests.e2e.helpers import start_in_process
 
 REQUIRE_ROOT_ENV = "GPULEDGER_REQUIRE_ROOT_TESTS"
 

@@ -11,12 +11,8 @@ import msgspec
 
 from libs.bus import Bus, LogFollower, NatsServer, Relay
 from libs.bus.outbox import REBUILT_METADATA, StreamRebuilt, rebuilt_subject
-from libs.events.schema import AllocationReleased
 from libs.store import EventLog
-
-
-def ev(i: int) -> AllocationReleased:
-    return AllocationReleased(alloc_id=f"a{i}", pod_uid=f"p{i % 3}", container="c", reason="deleted")
+from tests.builders import released_event
 
 
 async def stream_contents(bus: Bus, count: int) -> list[tuple[int, str]]:
@@ -34,7 +30,7 @@ async def test_each_event_is_published_once_across_relay_restarts(nats_server: N
         for round_ in range(3):  # stop the relay mid-stream three times
             relay = Relay(bus, log)
             task = asyncio.create_task(relay.run())
-            writes = [asyncio.create_task(log.append([ev(round_ * 100 + i)])) for i in range(100)]
+            writes = [asyncio.create_task(log.append([released_event(round_ * 100 + i)])) for i in range(100)]
             await asyncio.sleep(0.02)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -63,11 +59,11 @@ async def test_a_broker_crash_loses_and_doubles_nothing(short_dir: Path) -> None
     task = asyncio.create_task(relay.run())
     try:
         for i in range(50):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         await relay.wait_published(50, timeout=10)
         await server.kill()  # SIGKILL, mid-stream
         for i in range(50, 120):  # the allocator keeps committing while the broker is down
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         await asyncio.sleep(0.5)
         server = NatsServer(short_dir / "js", port=port)
         await server.start()
@@ -89,7 +85,7 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
     relay_task = asyncio.create_task(Relay(bus, log).run())
     try:
         for i in range(20):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         seen: list[int] = []
         follower = LogFollower(bus, lambda e: seen.append(e.seq))
         task = asyncio.create_task(follower.run())
@@ -98,7 +94,7 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
         with contextlib.suppress(asyncio.CancelledError):
             await task
         for i in range(20, 30):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         resumed = LogFollower(bus, lambda e: seen.append(e.seq), after_seq=follower.last_seq)
         task = asyncio.create_task(resumed.run())
         await resumed.wait_for(30, timeout=10)
@@ -137,13 +133,13 @@ async def test_a_stream_of_another_history_is_rebuilt_from_the_log(nats_server: 
     relay = Relay(bus, first)
     task = asyncio.create_task(relay.run())
     for i in range(5):
-        await first.append([ev(i)])
+        await first.append([released_event(i)])
     await relay.wait_published(5, timeout=10)
     task.cancel()
     other = await EventLog.open(short_dir / "b.sqlite")  # a wiped state dir against the same broker
     tasks: list[asyncio.Task[None]] = []
     try:
-        await other.append([ev(99)])
+        await other.append([released_event(99)])
         behind = Relay(bus, other)
         tasks.append(asyncio.create_task(behind.run()))
         await behind.wait_published(1, timeout=10)
@@ -152,12 +148,12 @@ async def test_a_stream_of_another_history_is_rebuilt_from_the_log(nats_server: 
         info = await bus.js.stream_info(bus.subjects.stream)
         assert "holds 5 events but the log" in (info.config.metadata or {})[REBUILT_METADATA]
         for i in range(5):
-            await other.append([ev(i)])
+            await other.append([released_event(i)])
         await behind.wait_published(6, timeout=10)
         tasks.pop().cancel()
 
         # The first log goes on (a restored backup that forked): its relay replaces the stream again.
-        await first.append([ev(7)])
+        await first.append([released_event(7)])
         forked = Relay(bus, first)
         tasks.append(asyncio.create_task(forked.run()))
         await forked.wait_published(6, timeout=10)
@@ -166,7 +162,7 @@ async def test_a_stream_of_another_history_is_rebuilt_from_the_log(nats_server: 
         await asyncio.sleep(0.2)  # the core notices
         assert [(n.stream_last_seq_before, n.log_last_seq) for n in seen] == [(5, 1), (6, 6)]
         assert "holds 5 events" in seen[0].cause and "histories forked" in seen[1].cause
-        await first.append([ev(8)])  # and publication goes on as usual
+        await first.append([released_event(8)])  # and publication goes on as usual
         await forked.wait_published(7, timeout=10)
         await assert_stream_is_the_log(bus, first)
     finally:
@@ -194,12 +190,12 @@ async def test_a_broker_store_lost_while_down_is_rebuilt(short_dir: Path) -> Non
     follow_task = asyncio.create_task(follower.run())
     try:
         for i in range(20):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         await follower.wait_for(20, timeout=10)
         await server.kill()
         shutil.rmtree(short_dir / "js")  # the store is lost while the broker is down
         for i in range(20, 30):
-            await log.append([ev(i)])
+            await log.append([released_event(i)])
         server = NatsServer(short_dir / "js", port=port)
         await server.start()
         await relay.wait_published(30, timeout=30)

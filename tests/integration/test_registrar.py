@@ -14,6 +14,7 @@ from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from services.allocator import app as allocator_app
 from services.registrar import app as registrar_app
+from tests.polling import eventually
 
 
 class Kubelet(pb_grpc.RegistrationServicer):
@@ -42,15 +43,6 @@ class Kubelet(pb_grpc.RegistrationServicer):
         (self.directory / "kubelet.sock").unlink(missing_ok=True)
 
 
-async def wait_until(predicate, timeout: float) -> float:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    async with asyncio.timeout(timeout):
-        while not predicate():  # noqa: ASYNC110 (the condition lives in another component)
-            await asyncio.sleep(0.02)
-    return loop.time() - start
-
-
 async def test_registers_then_reregisters_when_only_kubelet_sock_is_recreated(
     nats_server: NatsServer, short_dir: Path
 ) -> None:
@@ -66,13 +58,16 @@ async def test_registers_then_reregisters_when_only_kubelet_sock_is_recreated(
         assert kubelet.registered == []  # no kubelet yet: nothing to register with, and no crash
         await kubelet.start()
         stack.push_async_callback(kubelet.stop)
-        await wait_until(lambda: len(kubelet.registered) == 2, 5)
+        await eventually(lambda: len(kubelet.registered) == 2, timeout=5, interval=0.02, what="both registered")
         assert sorted(kubelet.registered) == [("tencent.com/vcuda-core", "vcore.sock", True),
                                               ("tencent.com/vcuda-memory", "vmemory.sock", False)]
 
         await kubelet.stop()  # a new kubelet, same path; our sockets stay where they are
         await kubelet.start()
-        took = await wait_until(lambda: len(kubelet.registered) == 4, 5)
+        start = asyncio.get_running_loop().time()
+        await eventually(lambda: len(kubelet.registered) == 4, timeout=5, interval=0.02,
+                         what="both resources registered again")
+        took = asyncio.get_running_loop().time() - start
         assert took < 2.0
         assert registrar.kubelet.registrations == 2
         assert (dp / "vcore.sock").is_socket() and (dp / "vmemory.sock").is_socket()

@@ -13,15 +13,10 @@ import textwrap
 import threading
 from pathlib import Path
 
-from libs.events.schema import AllocationReleased
-from libs.store import EventLog
+from tests.integration.helpers import filled_log
 
 # Cancel at several points: before the connection is open, while it opens, mid-query.
 CANCEL_AFTER_S = (0.0, 0.0005, 0.002, 0.01, 0.05)
-
-
-def released(i: int) -> AllocationReleased:
-    return AllocationReleased(alloc_id=f"a{i}", pod_uid=f"p{i % 50}", container="c", reason="deleted")
 
 
 def live_threads() -> list[threading.Thread]:
@@ -35,13 +30,6 @@ def left_over(before: set[threading.Thread]) -> list[threading.Thread]:
     for t in new:
         t.join(timeout=10)
     return [t for t in new if t.is_alive()]
-
-
-async def filled_log(path: Path, n: int = 5000) -> EventLog:
-    log = await EventLog.open(path)
-    for start in range(0, n, 500):
-        await log.append([released(i) for i in range(start, start + 500)])
-    return log
 
 
 async def test_cancelled_reads_leave_no_thread_after_close(tmp_path: Path) -> None:
@@ -78,7 +66,7 @@ def test_process_exits_after_a_cancelled_read(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import asyncio
         from pathlib import Path
-        from tests.integration.test_store_shutdown import filled_log
+        from tests.integration.helpers import filled_log
 
         async def main():
             log = await filled_log(Path({str(tmp_path / "ledger.sqlite")!r}))

@@ -14,7 +14,8 @@ import pytest
 from libs.kube.pods import Pod
 from libs.kube.source import PodSource, make_client
 from simulator import NodeSimulator, SimConfig
-from tests.simulator.conftest import ctr, pod_manifest
+from tests.builders import ctr, pod_manifest
+from tests.polling import eventually
 
 
 @dataclass
@@ -75,9 +76,7 @@ async def test_only_this_nodes_pods_and_bookmarks_advance_the_version(watched: W
     await sim.create_pod(other)
     await events.wait_for(lambda: ("ADDED", "mine") in events.seen)
     before = source.bookmarks
-    async with asyncio.timeout(5):
-        while source.bookmarks < before + 2:  # noqa: ASYNC110 (a counter, nothing to wait on)
-            await asyncio.sleep(0.05)
+    await eventually(lambda: source.bookmarks >= before + 2, timeout=5, interval=0.05, what="two more bookmarks")
     assert source.resource_version == str(sim.store.resource_version)
     assert all(name != "elsewhere" for _, name in events.seen)
     assert {p.metadata.name for p in source.pods.values()} == {"mine"}
@@ -113,9 +112,8 @@ async def test_the_410_comes_through_the_http_fault_endpoints_too(watched: Watch
     await sim.create_pod(pod_manifest("x", [ctr("c")]))
     await events.wait_for(lambda: ("ADDED", "x") in events.seen)
     await _post(sim, "/simulator/v1/faults/outage?seconds=1")
-    async with asyncio.timeout(5):
-        while sim.api_serving:  # noqa: ASYNC110 (the outage begins in the background)
-            await asyncio.sleep(0.01)
+    # The outage begins in the background.
+    await eventually(lambda: not sim.api_serving, timeout=5, interval=0.01, what="the API outage beginning")
     await sim.delete_pod("default", "x")
     sim.store.expire_history()
     await events.wait_for(lambda: ("DELETED", "x") in events.seen)

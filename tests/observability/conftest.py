@@ -2,78 +2,17 @@
 
 from __future__ import annotations
 
-import random
-import socket
-import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from libs.bus.server import NatsServer
-from libs.kube.pods import RESOURCE_VCORE
-from services.allocator import app as allocator_app
-from services.registrar import app as registrar_app
-from services.vmanager import app as vmanager_app
-from services.watchdog import app as watchdog_app
-from tests.e2e.conftest import Node, _base, settings_for
-
-# Fast enough for tests, slow enough not to depend on the machine's load.
-HEALTH = {"health_recovery_seconds": 1.0, "health_recovery_checks": 2, "health_check_interval": 0.2,
-          "usage_interval": 0.2}
-
-
-def free_port_base(count: int = 4) -> int:
-    """A base port with ``count`` free ports in a row (the services' offsets)."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
-def http_get(url: str, timeout: float = 10) -> tuple[str, str]:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.headers.get("Content-Type", ""), resp.read().decode()
-
-
-def scrape(port: int) -> dict[str, list[Any]]:
-    """name -> samples, parsed with the Prometheus text parser (histograms keep their _bucket/_count/_sum)."""
-    _, text = http_get(f"http://127.0.0.1:{port}/metrics")
-    out: dict[str, list[Any]] = {}
-    for fam in text_string_to_metric_families(text):
-        for sample in fam.samples:
-            out.setdefault(sample.name, []).append(sample)
-    return out
-
-
-def value(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
-    found = [s.value for s in samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items())]
-    assert len(found) == 1, f"{name}{labels}: {len(found)} samples in {samples.get(name)}"
-    return found[0]
-
-
-async def start_services(stack: AsyncExitStack, node: Node) -> None:
-    settings = node.settings
-    node.services = {
-        "allocator": await stack.enter_async_context(allocator_app.service(settings)),
-        "watchdog": await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=1.0)),
-        "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
-        "registrar": await stack.enter_async_context(registrar_app.service(settings)),
-    }
+from tests.builders import settings_for
+from tests.e2e.helpers import Node, start_in_process
+from tests.observability.helpers import HEALTH, free_port_base
 
 
 @pytest.fixture
@@ -87,7 +26,4 @@ async def obs_node(nats_server: NatsServer, short_dir: Path, obs_overrides: dict
     settings = settings_for(short_dir, nats_server.url, metrics_port=free_port_base(), metrics_host="127.0.0.1",
                             **{**HEALTH, **obs_overrides})
     async with AsyncExitStack() as stack:
-        node = await _base(stack, short_dir, nats_server.url, settings)
-        await start_services(stack, node)
-        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
-        yield node
+        yield await start_in_process(stack, short_dir, nats_server.url, settings)

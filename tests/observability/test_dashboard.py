@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 
 from libs.gpu.monitor import InjectReply, InjectRequest, ProcessSample, inject_subject
-from tests.e2e.conftest import Node, gpu_pod
-from tests.observability.conftest import scrape
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node
+from tests.observability.helpers import scrape
+from tests.polling import eventually
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "gpuledger-dashboard.json"
 _NAME = re.compile(r"\b((?:gpuledger|container|process)_[a-z0-9_]+)")
@@ -38,13 +40,14 @@ async def test_every_dashboard_metric_is_exported(obs_node: Node) -> None:
     proc = ProcessSample(pid=1, sm_util=5, memory=1 << 20, container_id=cid.split("://", 1)[1])
     await node.bus.request(inject_subject(node.bus.subjects.prefix),
                            InjectRequest(gpu=alloc.shares[0].index, processes=[proc]), InjectReply, timeout=5)
-    exported: set[str] = set()
-    for _ in range(100):
-        exported = set()
+
+    async def exported_with_usage() -> set[str] | None:
+        exported: set[str] = set()
         for port in range(base, base + 4):
             exported |= set(await asyncio.to_thread(scrape, port))
-        if "container_gpu_utilization" in exported:
-            break
-        await asyncio.sleep(0.2)
+        return exported if "container_gpu_utilization" in exported else None
+
+    exported = await eventually(exported_with_usage, timeout=20, interval=0.2,
+                                what="container_gpu_utilization among the exported metrics")
     missing = dashboard_metrics() - exported
     assert not missing, f"the dashboard queries metrics nobody exports: {sorted(missing)}"

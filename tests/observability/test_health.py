@@ -13,8 +13,9 @@ import pytest
 from gpuledger.inspect import replay_state
 from libs.gpu.monitor import InjectReply, InjectRequest, inject_subject
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
-from tests.e2e.conftest import NODE, Node, gpu_pod
-from tests.observability.conftest import scrape, value
+from tests.builders import NODE, gpu_pod
+from tests.e2e.helpers import Node
+from tests.observability.helpers import scrape, value
 
 
 async def _inject(node: Node, **fields: Any) -> list[str]:

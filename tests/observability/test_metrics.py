@@ -8,24 +8,16 @@ import time
 
 from libs.gpu.monitor import InjectReply, InjectRequest, ProcessSample, inject_subject
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
-from tests.e2e.conftest import NODE, Node, gpu_pod
-from tests.observability.conftest import http_get, scrape, value
+from tests.builders import NODE, gpu_pod
+from tests.e2e.helpers import Node
+from tests.observability.helpers import http_get, scrape, scraped, value
+from tests.polling import eventually
 
 MIB = 1 << 20
 
 
 async def _scrape(port: int) -> dict:
     return await asyncio.to_thread(scrape, port)
-
-
-async def _until(port: int, check, timeout: float = 15.0) -> dict:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        samples = await _scrape(port)
-        if check(samples):
-            return samples
-        assert time.monotonic() < deadline, f"metrics on port {port} never satisfied the check"
-        await asyncio.sleep(0.2)
 
 
 def _container_id(node: Node, name: str, container: str) -> str:
@@ -44,7 +36,8 @@ async def test_allocator_metrics_follow_an_allocation(obs_node: Node) -> None:
     gpu = alloc.shares[0].index
     total = next(g.memory_total for g in snap.gpus if g.index == gpu)
 
-    m = await _until(base, lambda s: value(s, "gpuledger_log_publication_lag_events") == 0)
+    m = await eventually(lambda: scraped(base, lambda s: value(s, "gpuledger_log_publication_lag_events") == 0),
+                         timeout=15, interval=0.2, what="no publication lag on the allocator's /metrics")
     assert value(m, "gpuledger_gpu_cores_allocated", gpu=str(gpu)) == 50
     assert value(m, "gpuledger_gpu_cores_free", gpu=str(gpu)) == 50
     assert value(m, "gpuledger_gpu_memory_allocated_bytes", gpu=str(gpu)) == 4 * 256 * MIB
@@ -72,7 +65,8 @@ async def test_allocator_metrics_follow_an_allocation(obs_node: Node) -> None:
     stranger = ProcessSample(pid=4343, sm_util=10.0, memory=256 * MIB, container_id="f" * 64)
     await node.bus.request(inject_subject(node.bus.subjects.prefix), InjectRequest(gpu=gpu, processes=[proc, stranger]),
                            InjectReply, timeout=5)
-    m = await _until(base, lambda s: "container_gpu_utilization" in s)
+    m = await eventually(lambda: scraped(base, lambda s: "container_gpu_utilization" in s),
+                         timeout=15, interval=0.2, what="container_gpu_utilization on the allocator's /metrics")
     assert value(m, "container_gpu_utilization", gpu=f"gpu{gpu}", **labels) == 37.5
     assert value(m, "container_gpu_utilization", gpu="total", **labels) == 37.5
     assert value(m, "container_gpu_memory_total", gpu_memory=f"gpu{gpu}", **labels) == 512
@@ -93,7 +87,8 @@ async def test_allocator_metrics_follow_an_allocation(obs_node: Node) -> None:
     assert value(r, "gpuledger_advertised_devices", resource=RESOURCE_VMEMORY, health="Healthy") == 256
     assert value(r, "gpuledger_kubelet_request_duration_seconds_count", method="Allocate",
                  resource=RESOURCE_VCORE, outcome="ok") == 1
-    v = await _until(base + 2, lambda s: value(s, "gpuledger_vmanager_followed_seq") >= snap.seq)
+    v = await eventually(lambda: scraped(base + 2, lambda s: value(s, "gpuledger_vmanager_followed_seq") >= snap.seq),
+                         timeout=15, interval=0.2, what=f"the vmanager's /metrics following seq {snap.seq}")
     assert value(v, "gpuledger_vmanager_pod_sockets") == 1
     assert value(v, "gpuledger_vmanager_caught_up") == 1
     w = await _scrape(base + 3)

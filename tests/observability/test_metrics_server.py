@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from libs.config import Settings
 from libs.metrics import MetricsServer, metrics_port
-from tests.observability.conftest import free_port_base, http_get
+from tests.observability.helpers import free_port_base, http_get
 
 
 def test_ports_per_service() -> None:

@@ -16,8 +16,10 @@ import pytest
 
 from libs.bus.server import NatsServer
 from libs.kube.pods import RESOURCE_VCORE
-from tests.e2e.conftest import Node, gpu_pod, settings_for, start_processes
-from tests.observability.conftest import HEALTH, free_port_base, scrape, value
+from tests.builders import gpu_pod, settings_for
+from tests.e2e.helpers import Node, start_processes
+from tests.observability.helpers import HEALTH, free_port_base, scrape, value
+from tests.polling import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -48,16 +50,14 @@ async def test_one_request_id_across_the_four_services(processes: Node) -> None:
     def lines_of(service: str, pred: Any) -> list[dict[str, Any]]:
         return [ln for ln in _lines(log_dir, service) if pred(ln)]
 
-    async def eventually(service: str, pred: Any) -> list[dict[str, Any]]:
-        for _ in range(100):  # a line may still be on its way to the file
-            if found := lines_of(service, pred):
-                return found
-            await asyncio.sleep(0.1)
-        return []
+    async def logged(service: str, pred: Any) -> list[dict[str, Any]]:
+        # A line may still be on its way to the file.
+        return await eventually(lambda: lines_of(service, pred), timeout=10, interval=0.1,
+                                what=f"the line in the {service} log")
 
     # Admission: the kubelet's Allocate through the registrar, the allocator and the vmanager share the
     # request id the registrar started.
-    by_request = {s: await eventually(s, lambda ln: ln.get("request_id") == alloc.request_id)
+    by_request = {s: await logged(s, lambda ln: ln.get("request_id") == alloc.request_id)
                   for s in ("registrar", "allocator", "vmanager")}
     assert all(by_request.values()), {s: len(v) for s, v in by_request.items()}
     for service, lines in by_request.items():
@@ -92,9 +92,9 @@ async def test_one_request_id_across_the_four_services(processes: Node) -> None:
     # Recycling: the watchdog sees the pod go and asks for the release; its request id reaches the
     # allocator's line for the same allocation.
     await node.sim.delete_pod("default", "traced")
-    (released,) = await eventually(
+    (released,) = await logged(
         "watchdog", lambda ln: ln["event"] == "released" and alloc.alloc_id in ln.get("alloc_ids", ()))
     assert released["pod_uid"] == alloc.pod_uid and released.get("request_id")
-    assert await eventually("allocator", lambda ln: ln["event"] == "released"
+    assert await logged("allocator", lambda ln: ln["event"] == "released"
                             and ln.get("request_id") == released["request_id"]
                             and ln.get("alloc_ids") == [alloc.alloc_id])

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from simulator import NodeSimulator, SimConfig
-
-from .fakeplugin import FakePlugin
+from tests.simulator.fakeplugin import FakePlugin
 
 
 @pytest.fixture
@@ -55,32 +54,3 @@ async def make_plugin(sim: NodeSimulator) -> AsyncIterator[Callable[..., Awaitab
     for plugin in plugins:
         await plugin.stop()
 
-
-def pod_manifest(
-    name: str,
-    containers: list[dict[str, Any]] | None = None,
-    *,
-    init: list[dict[str, Any]] | None = None,
-    namespace: str = "default",
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": containers or [ctr("main")]}
-    if init:
-        spec["initContainers"] = init
-    meta: dict[str, Any] = {"name": name, "namespace": namespace}
-    if labels:
-        meta["labels"] = labels
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-
-
-def ctr(name: str, limits: dict[str, int | str] | None = None, *, sidecar: bool = False) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "image": "busybox"}
-    if limits:
-        c["resources"] = {"limits": {k: str(v) for k, v in limits.items()}}
-    if sidecar:
-        c["restartPolicy"] = "Always"
-    return c
-
-
-def phase_is(*phases: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda pod: (pod.get("status") or {}).get("phase") in phases

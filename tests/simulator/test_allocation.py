@@ -7,9 +7,8 @@ import itertools
 
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from simulator import NodeSimulator, SimConfig
-
-from .conftest import ctr, phase_is, pod_manifest
-from .fakeplugin import FakePlugin
+from tests.builders import ctr, phase_is, pod_manifest
+from tests.simulator.fakeplugin import FakePlugin, device
 
 GPU = "example.com/gpu"
 
@@ -347,8 +346,6 @@ async def test_seed_makes_device_choice_reproducible(plugin_dir) -> None:
 
 
 async def test_numa_hint_prefers_aligned_devices(plugin_dir) -> None:
-    from .fakeplugin import device
-
     cfg = SimConfig(device_plugin_dir=plugin_dir / "dp", seed=3, numa_hint=lambda pod, c: {1})
     async with NodeSimulator(cfg) as sim:
         plugin = FakePlugin(cfg.device_plugin_dir)

@@ -16,8 +16,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from simulator import NodeSimulator, SimConfig
-
-from .conftest import ctr, phase_is, pod_manifest
+from tests.builders import ctr, phase_is, pod_manifest
 
 GPU = "example.com/gpu"
 

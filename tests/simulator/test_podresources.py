@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 
 from libs.kubelet.podresources.v1 import api_pb2 as pr
 from libs.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 from simulator import NodeSimulator
-
-from .conftest import ctr, phase_is, pod_manifest
-from .fakeplugin import device
+from tests.builders import ctr, phase_is, pod_manifest
+from tests.polling import eventually
+from tests.simulator.fakeplugin import device
 
 GPU = "example.com/gpu"
 
@@ -107,10 +105,8 @@ async def test_list_shows_only_pods_the_kubelet_has_taken_up(make_plugin, sim, l
     async with sim.kubelet.admission_lock:
         await sim.create_pod(pod_manifest("first", [ctr("a", {GPU: 1})]))
         await sim.create_pod(pod_manifest("second", [ctr("a", {GPU: 1})]))
-        for _ in range(100):  # let the admission loop take up the first pod (it then waits for the lock)
-            if sim.kubelet.known:
-                break
-            await asyncio.sleep(0.01)
+        # Let the admission loop take up the first pod (it then waits for the lock).
+        await eventually(lambda: sim.kubelet.known, timeout=1, interval=0.01, what="the kubelet taking up a pod")
         listed = await lister.List(pr.ListPodResourcesRequest())
         assert [p.name for p in listed.pod_resources] == ["first"]
         with pytest.raises(grpc.aio.AioRpcError):

@@ -10,8 +10,8 @@ import pytest
 
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from simulator import NodeSimulator, SimConfig
-
-from .fakeplugin import FakePlugin
+from tests.polling import eventually
+from tests.simulator.fakeplugin import FakePlugin
 
 
 @pytest.fixture
@@ -31,12 +31,6 @@ async def _plugin(sim: NodeSimulator, plugins: list[FakePlugin], **kw) -> FakePl
     plugins.append(plugin)
     await plugin.start()
     return plugin
-
-
-async def _until(check, timeout: float = 5) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not check():  # noqa: ASYNC110 (plain state, no event to wait on)
-            await asyncio.sleep(0.02)
 
 
 async def test_legacy_register_answers_at_once_with_the_request_options(plugin_dir, plugins) -> None:
@@ -94,7 +88,7 @@ async def test_main_a_survivor_is_promoted_when_the_old_stream_ends(plugin_dir, 
         await new.register()
         await sim.wait_for_resource("example.com/gpu", 3, timeout=5)
         old.end_streams()
-        await _until(lambda: old.streams_open == 0)
+        await eventually(lambda: old.streams_open == 0, timeout=5, interval=0.02, what="the old plugin's stream ended")
         await asyncio.sleep(0.2)
         info = sim.registered_resources()["example.com/gpu"]
         assert info.socket.endswith("gpu-new.sock") and info.stopped is False

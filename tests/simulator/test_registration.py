@@ -10,8 +10,9 @@ import pytest
 
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from simulator import NodeSimulator, SimConfig
-
-from .fakeplugin import FakePlugin, device
+from tests.builders import ctr, phase_is, pod_manifest
+from tests.polling import eventually
+from tests.simulator.fakeplugin import FakePlugin, device
 
 
 @pytest.mark.parametrize(
@@ -117,10 +118,7 @@ async def test_reregistration_while_old_stream_runs_ends_at_zero(make_plugin, si
     await sim.wait_for_resource("example.com/gpu", 0, timeout=5)
     assert sim.registered_resources()["example.com/gpu"].stopped is True
     # The new plugin's stream was cut by the kubelet, although the new plugin is fine.
-    for _ in range(50):
-        if new.streams_open == 0:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: new.streams_open == 0, timeout=2.5, interval=0.05, what="the new plugin's stream cut")
     assert new.streams_open == 0
 
 
@@ -157,16 +155,11 @@ def test_unknown_profiles_are_refused(plugin_dir) -> None:
 
 
 async def test_bug_disconnect_fails_in_flight_allocate(make_plugin, sim) -> None:
-    from .conftest import ctr, phase_is, pod_manifest
-
     old = await make_plugin(count=2)
     new = await make_plugin(count=2, socket_name="gpu-new.sock")
     new.allocate_delay = 2
     await sim.create_pod(pod_manifest("p", [ctr("a", {"example.com/gpu": 1})]))
-    for _ in range(100):
-        if new.calls("Allocate"):
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: new.calls("Allocate"), timeout=2, interval=0.02, what="Allocate reaching the new plugin")
     old.end_streams()  # the kubelet now closes the *new* connection, Allocate included
     pod = await sim.wait_for_pod("default", "p", phase_is("Failed"), timeout=5)
     assert pod["status"]["message"] == (

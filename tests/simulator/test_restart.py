@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 
@@ -11,9 +10,9 @@ import pytest
 
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from simulator import NodeSimulator, SimConfig
-
-from .conftest import ctr, phase_is, pod_manifest
-from .fakeplugin import FakePlugin
+from tests.builders import ctr, phase_is, pod_manifest
+from tests.polling import eventually
+from tests.simulator.fakeplugin import FakePlugin
 
 GPU = "example.com/gpu"
 
@@ -111,10 +110,8 @@ async def test_restart_during_prestart_fails_that_container_only(make_plugin, si
     plugin = await make_plugin(count=2, pre_start_required=True)
     plugin.prestart_delay = 5
     await sim.create_pod(pod_manifest("slow", [ctr("a", {GPU: 1})]))
-    for _ in range(100):
-        if plugin.calls("PreStartContainer"):
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: plugin.calls("PreStartContainer"), timeout=2, interval=0.02,
+                     what="PreStartContainer reaching the plugin")
     await sim.restart_kubelet()
 
     def config_error(pod):

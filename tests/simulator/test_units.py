@@ -20,6 +20,7 @@ from simulator.names import is_extended_resource_name
 from simulator.patches import apply_patch, json_patch, merge_patch
 from simulator.podspec import quantity_value
 from simulator.selectors import parse_field_selector, parse_label_selector
+from tests.polling import eventually
 
 
 @pytest.mark.parametrize(
@@ -100,10 +101,8 @@ async def test_run_simulator_until_stopped(plugin_dir) -> None:
     stop = asyncio.Event()
     cfg = SimConfig(device_plugin_dir=plugin_dir / "dp", kubeconfig_path=plugin_dir / "kubeconfig")
     task = asyncio.create_task(run_simulator(cfg, stop=stop))
-    for _ in range(100):
-        if cfg.kubeconfig_path.exists() and (cfg.device_plugin_dir / "kubelet.sock").exists():
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: cfg.kubeconfig_path.exists() and (cfg.device_plugin_dir / "kubelet.sock").exists(),
+                     timeout=2, interval=0.02, what="the simulator's kubeconfig and kubelet.sock")
     assert (cfg.device_plugin_dir / "kubelet.sock").exists()
     stop.set()
     await asyncio.wait_for(task, 5)

@@ -19,7 +19,7 @@ from libs.cgroups import (
     pod_cgroup_paths,
     read_pids,
 )
-from tests.fakecgroups import (
+from tests.builders.cgroups import (
     DRIVERS,
     HIERARCHIES,
     QOS,

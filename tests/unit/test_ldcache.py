@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from services.vmanager.ldcache import CacheEntry, LdCacheError, parse_ld_cache, read_ld_cache
-from tests.elffixtures import FLAG_ELF_LIBC6, FLAG_I386, FLAG_X8664_LIB64, ld_so_cache
+from tests.builders.elf import FLAG_ELF_LIBC6, FLAG_I386, FLAG_X8664_LIB64, ld_so_cache
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "ld.so.cache"
 X64 = FLAG_ELF_LIBC6 | FLAG_X8664_LIB64

@@ -8,24 +8,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from libs.bus import Bus, NatsServer, Relay, ensure_stream
-from libs.commands import PodsReply, PodsRequest
+from libs.commands import PodsRequest
 from libs.config import Settings
-from libs.events.schema import Event
-from libs.kube.pods import Pod
 from libs.store import EventLog
-from services.vmanager.app import VmanagerService, service
-from tests.vmanager.builders import NODE
-
-
-def short_tmp(prefix: str = "vm") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+from services.vmanager.app import VmanagerService
+from tests.vmanager.helpers import NODE, FakeWatchdog, Ledger, running_vmanager, short_tmp
 
 
 @pytest.fixture
@@ -52,19 +45,6 @@ def settings(workdir: Path, nats: NatsServer) -> Settings:
                     proc_root=str(workdir / "proc"), driver_volumes=False)
 
 
-class Ledger:
-    """The allocation log as the allocator would write it, published by a running relay."""
-
-    def __init__(self, log: EventLog, relay: Relay) -> None:
-        self.log = log
-        self.relay = relay
-
-    async def append(self, *events: Event) -> int:
-        stored = await self.log.append(list(events))
-        await self.relay.wait_published(stored[-1].seq, 5)
-        return stored[-1].seq
-
-
 @pytest.fixture
 async def ledger(settings: Settings) -> AsyncIterator[Ledger]:
     log = await EventLog.open(settings.log_path)
@@ -80,21 +60,6 @@ async def ledger(settings: Settings) -> AsyncIterator[Ledger]:
     await log.close()
 
 
-class FakeWatchdog:
-    """Answers ``watchdog.pods`` the way the watchdog does: from its view of the node's pods."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, Pod] = {}
-        self.calls: list[PodsRequest] = []
-
-    def add(self, pod: Pod) -> None:
-        self.pods[pod.uid] = pod
-
-    async def handle(self, req: PodsRequest) -> PodsReply:
-        self.calls.append(req)
-        return PodsReply(pods=[p for uid, p in self.pods.items() if not req.uid or uid == req.uid])
-
-
 @pytest.fixture
 async def watchdog(settings: Settings) -> AsyncIterator[FakeWatchdog]:
     bus = await Bus.connect(settings.nats_url, name="test-watchdog", node=settings.node_name)
@@ -102,13 +67,6 @@ async def watchdog(settings: Settings) -> AsyncIterator[FakeWatchdog]:
     await bus.serve(bus.subjects.pods, PodsRequest, fake.handle)
     yield fake
     await bus.close()
-
-
-@contextlib.asynccontextmanager
-async def running_vmanager(settings: Settings) -> AsyncIterator[VmanagerService]:
-    async with service(settings) as svc:
-        await asyncio.wait_for(svc.tracker.caught_up.wait(), 10)
-        yield svc
 
 
 @pytest.fixture
@@ -123,7 +81,3 @@ async def client_bus(settings: Settings) -> AsyncIterator[Bus]:
     bus = await Bus.connect(settings.nats_url, name="test-client", node=settings.node_name)
     yield bus
     await bus.close()
-
-
-async def folded(svc: VmanagerService, seq: int) -> None:
-    await svc.tracker.follower.wait_for(seq, 5)

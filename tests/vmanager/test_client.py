@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from libs.vcuda import VcudaClientError, register_vdevice
-from tests.vmanager.builders import new_container_id, new_pod_uid
+from tests.vmanager.helpers import new_container_id, new_pod_uid
 
 
 async def test_no_socket_times_out(workdir: Path) -> None:

@@ -6,8 +6,7 @@ import pytest
 
 from libs.ledger.state import Allocation
 from libs.vcuda import SIZE, VcudaConfig, config_for, decode, encode, parse_driver_version
-from tests.vmanager.builders import BLOCK, granted, new_pod_uid
-from tests.vmanager.golden import golden_config
+from tests.vmanager.helpers import BLOCK, golden_config, granted, new_pod_uid
 
 UID = "3f9c2a8e-1b7d-4c5e-9a0f-6d2e8b1c4a7f"
 

@@ -14,8 +14,7 @@ from libs.config import Settings
 from libs.vcuda import VcudaClientError
 from services.vmanager.app import VmanagerService
 from services.vmanager.cleanup import remove_pod_dir, scan_vm_root
-from tests.vmanager.builders import granted, inventory, new_pod_uid, register, released
-from tests.vmanager.conftest import Ledger, folded, running_vmanager
+from tests.vmanager.helpers import Ledger, folded, granted, inventory, new_pod_uid, register, released, running_vmanager
 
 
 async def prepare(bus: Bus, uid: str, seq: int) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -12,13 +11,9 @@ from pathlib import Path
 import pytest
 
 from libs.bus.server import NatsServer
-from tests.e2e.conftest import Node, gpu_pod, settings_for, start_in_process
-
-
-async def _gone(path: Path, timeout: float = 15) -> None:
-    async with asyncio.timeout(timeout):
-        while path.exists():  # noqa: ASYNC110 (another process removes it)
-            await asyncio.sleep(0.1)
+from tests.builders import gpu_pod, settings_for
+from tests.e2e.helpers import Node, start_in_process
+from tests.polling import eventually
 
 
 @pytest.fixture
@@ -62,4 +57,5 @@ async def test_hami_core_mode_end_to_end(hami_node: Node) -> None:
     assert not any(k.startswith("CUDA_DEVICE_") for k in evaluator["envs"])
 
     await node.sim.delete_pod("default", "train")
-    await _gone(s.vm_root / uid)
+    await eventually(lambda: not (s.vm_root / uid).exists(), timeout=15, interval=0.1,
+                     what="the pod's directory removed")

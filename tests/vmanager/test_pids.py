@@ -12,10 +12,18 @@ import pytest
 from libs.bus import Bus
 from libs.config import Settings
 from services.vmanager.app import VmanagerService
-from tests.fakecgroups import add_container, container_path, enter_container
-from tests.vmanager.builders import granted, new_container_id, new_pod_uid, pod, raw_register, register
-from tests.vmanager.conftest import FakeWatchdog, Ledger
-from tests.vmanager.test_register import prepared
+from tests.builders.cgroups import add_container, container_path, enter_container
+from tests.vmanager.helpers import (
+    FakeWatchdog,
+    Ledger,
+    granted,
+    new_container_id,
+    new_pod_uid,
+    pod,
+    prepared,
+    raw_register,
+    register,
+)
 
 
 def pids_in(path: Path) -> list[int]:

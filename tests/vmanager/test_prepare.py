@@ -14,8 +14,17 @@ from libs.commands import PrepareReply, PrepareRequest
 from libs.config import Settings
 from libs.errors import RemoteError
 from services.vmanager.app import VmanagerService
-from tests.vmanager.builders import granted, inventory, new_pod_uid, raw_register, released, tree
-from tests.vmanager.conftest import Ledger, folded, running_vmanager
+from tests.vmanager.helpers import (
+    Ledger,
+    folded,
+    granted,
+    inventory,
+    new_pod_uid,
+    raw_register,
+    released,
+    running_vmanager,
+    tree,
+)
 
 
 async def prepare(bus: Bus, pod_uid: str, seq: int = 0) -> PrepareReply:

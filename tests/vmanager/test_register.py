@@ -10,32 +10,26 @@ import grpc
 import pytest
 
 from libs.bus import Bus
-from libs.commands import PrepareReply, PrepareRequest
 from libs.config import Settings
 from libs.vcuda import VcudaClientError
 from services.vmanager.app import VmanagerService
 from services.vmanager.names import is_container_id
-from tests.fakecgroups import enter_container
-from tests.vmanager.builders import (
+from tests.builders.cgroups import enter_container
+from tests.vmanager.helpers import (
     BLOCK,
+    FakeWatchdog,
+    Ledger,
+    golden_config,
     granted,
     inventory,
     new_container_id,
     new_pod_uid,
     pod,
+    prepared,
     raw_register,
     register,
     tree,
 )
-from tests.vmanager.conftest import FakeWatchdog, Ledger
-from tests.vmanager.golden import golden_config
-
-
-async def prepared(ledger: Ledger, bus: Bus, uid: str, *grants: object) -> Path:
-    seq = await ledger.append(inventory(), *grants)  # type: ignore[arg-type]
-    reply = await bus.request(bus.subjects.prepare, PrepareRequest(pod_uid=uid, alloc_seq=seq), PrepareReply,
-                              timeout=5)
-    return Path(reply.socket)
 
 
 async def test_register_by_container_id(

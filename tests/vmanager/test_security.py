@@ -24,17 +24,19 @@ from libs.config import Settings
 from libs.errors import RemoteError
 from services.vmanager.app import VmanagerService
 from services.vmanager.peergate import check_caller
-from tests.fakecgroups import enter_container, leave_pods, write_proc
-from tests.vmanager.builders import (
+from tests.builders.cgroups import enter_container, leave_pods, write_proc
+from tests.vmanager.helpers import (
+    FakeWatchdog,
+    Ledger,
     granted,
     new_container_id,
     new_pod_uid,
     pod,
+    prepared,
     raw_register,
+    running_vmanager,
     tree,
 )
-from tests.vmanager.conftest import FakeWatchdog, Ledger, running_vmanager
-from tests.vmanager.test_register import prepared
 
 
 async def _refused(sock: Path, workdir: Path, **request: str) -> str:
@@ -126,7 +128,7 @@ async def test_gpu_client_process_in_the_pod_is_accepted(
     sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
     leave_pods(workdir)
     script = (
-        "import os, sys\nfrom pathlib import Path\nfrom tests.fakecgroups import enter_container\n"
+        "import os, sys\nfrom pathlib import Path\nfrom tests.builders.cgroups import enter_container\n"
         f"enter_container(Path({str(workdir)!r}), {uid!r}, {cid!r}, others=())\n"
         "from gpuledger.cli import main\n"
         f"main(['gpu-client', '--addr', {str(sock)!r}, '--bus-id', '', '--pod-uid', {uid!r}, "

@@ -1,5 +1,5 @@
 """Driver volumes from a synthetic host: an NVIDIA driver install laid out as the installer does, its
-ld.so.cache, and shared objects with real DT_SONAMEs (tests/elffixtures.py, no compiler)."""
+ld.so.cache, and shared objects with real DT_SONAMEs (tests/builders/elf.py, no compiler)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from libs.config import Settings
 from services.vmanager.volumes import build_volumes, soname_of
-from tests.elffixtures import FLAG_ELF_LIBC6, FLAG_I386, FLAG_X8664_LIB64, ld_so_cache, shared_object
-from tests.vmanager.conftest import running_vmanager
+from tests.builders.elf import FLAG_ELF_LIBC6, FLAG_I386, FLAG_X8664_LIB64, ld_so_cache, shared_object
+from tests.vmanager.helpers import running_vmanager
 
 VER = "550.54.15"
 X64 = FLAG_ELF_LIBC6 | FLAG_X8664_LIB64

@@ -1,30 +1,44 @@
-"""Events, pods and helpers for the vmanager tests (realistic shapes, fixed node "node-a")."""
+"""Events, pods and helpers for the vmanager tests (realistic shapes, fixed node "node-a").
+
+Also the vcuda.config the C struct expects, built by hand (``golden_config``), and the running parts
+the fixtures in conftest.py hand out: the ledger with its relay, a fake watchdog, a running vmanager.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import tempfile
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import msgspec
 
+from libs.bus import Bus, Relay
+from libs.commands import PodsReply, PodsRequest, PrepareReply, PrepareRequest
+from libs.config import Settings
 from libs.events.schema import (
     AllocationGranted,
     AllocationReleased,
     ContainerResponse,
+    Event,
     GpuInfo,
     GpuShare,
     InventoryRecorded,
     MountSpec,
 )
 from libs.kube.pods import Pod
+from libs.store import EventLog
 from libs.vcuda import api_pb2 as pb
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from libs.vcuda import register_vdevice
-from tests.fakecgroups import enter_container
+from services.vmanager.app import VmanagerService, service
+from tests.builders.cgroups import enter_container
 
 NODE = "node-a"
 GIB = 1 << 30
@@ -207,3 +221,100 @@ async def register(sock: Path | str, *, pod_uid: str, container_id: str = "", co
     await register_vdevice(str(sock), pod_uid=pod_uid, container_id=container_id,
                            container_name=container_name, **kwargs)
     return pids
+
+
+# -- vcuda.config built by hand ----------------------------------------------------------------------------
+
+GOLDEN_CONFIG_SIZE = 8240
+
+
+def golden_config(
+    *,
+    pod_uid: str,
+    limit: int,
+    container_name: str,
+    gpu_memory: int,
+    utilization: int,
+    hard_limit: int,
+    driver_major: int,
+    driver_minor: int,
+    enable: int,
+    bus_id: str = "",
+) -> bytes:
+    """vcuda.config built by hand, field by field at the offsets of gpu-manager-reference.md 5.4.
+
+    Deliberately independent of libs.vcuda.config (no struct format): the two must agree byte for byte.
+    """
+    buf = bytearray(GOLDEN_CONFIG_SIZE)  # every byte not written below is zero: padding and NUL terminators
+
+    def text(offset: int, value: str) -> None:
+        raw = value.encode()
+        buf[offset : offset + len(raw)] = raw
+
+    def number(offset: int, value: int, size: int = 4, signed: bool = True) -> None:
+        buf[offset : offset + size] = value.to_bytes(size, "little", signed=signed)
+
+    text(0x0000, pod_uid)                      # char pod_uid[48]
+    number(0x0030, limit)                      # int limit
+    text(0x1000, container_name)               # char container_name[4096] after occupied[4044]
+    text(0x2000, bus_id)                       # char bus_id[16]
+    number(0x2010, gpu_memory, 8, signed=False)  # uint64 gpu_memory
+    number(0x2018, utilization)                # int utilization
+    number(0x201C, hard_limit)                 # int hard_limit
+    number(0x2020, driver_major)               # version_t.major
+    number(0x2024, driver_minor)               # version_t.minor
+    number(0x2028, enable)                     # int enable; 4 bytes of tail padding follow
+    assert len(buf) == GOLDEN_CONFIG_SIZE
+    return bytes(buf)
+
+
+# -- the running parts: short dirs, the ledger and a fake watchdog the fixtures build, the vmanager ------
+
+def short_tmp(prefix: str = "vm") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+class Ledger:
+    """The allocation log as the allocator would write it, published by a running relay."""
+
+    def __init__(self, log: EventLog, relay: Relay) -> None:
+        self.log = log
+        self.relay = relay
+
+    async def append(self, *events: Event) -> int:
+        stored = await self.log.append(list(events))
+        await self.relay.wait_published(stored[-1].seq, 5)
+        return stored[-1].seq
+
+
+class FakeWatchdog:
+    """Answers ``watchdog.pods`` the way the watchdog does: from its view of the node's pods."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Pod] = {}
+        self.calls: list[PodsRequest] = []
+
+    def add(self, pod: Pod) -> None:
+        self.pods[pod.uid] = pod
+
+    async def handle(self, req: PodsRequest) -> PodsReply:
+        self.calls.append(req)
+        return PodsReply(pods=[p for uid, p in self.pods.items() if not req.uid or uid == req.uid])
+
+
+@contextlib.asynccontextmanager
+async def running_vmanager(settings: Settings) -> AsyncIterator[VmanagerService]:
+    async with service(settings) as svc:
+        await asyncio.wait_for(svc.tracker.caught_up.wait(), 10)
+        yield svc
+
+
+async def folded(svc: VmanagerService, seq: int) -> None:
+    await svc.tracker.follower.wait_for(seq, 5)
+
+
+async def prepared(ledger: Ledger, bus: Bus, uid: str, *grants: object) -> Path:
+    seq = await ledger.append(inventory(), *grants)  # type: ignore[arg-type]
+    reply = await bus.request(bus.subjects.prepare, PrepareRequest(pod_uid=uid, alloc_seq=seq), PrepareReply,
+                              timeout=5)
+    return Path(reply.socket)
