@@ -108,6 +108,11 @@ class Bus:
         nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S  # later reconnects keep the short wait
         return cls(nc, Subjects(node))
 
+    def for_node(self, node: str) -> Bus:
+        """This connection, addressing ``node``'s subjects (a CLI may learn the node from the server).
+        Closing either bus closes the connection."""
+        return Bus(self._nc, Subjects(node))
+
     @property
     def js(self) -> JetStreamContext:
         return self._nc.jetstream()
