@@ -1,7 +1,7 @@
 """``gpuledger up --demo``: walk a multi-container GPU pod through a simulated node and narrate it.
 
 ``DemoNode`` is what ``up --demo`` adds to a plain ``up``: a scratch state directory, the node
-simulator as one more child of the launcher, and the walkthrough below run next to the agent.
+simulator as one more child of the launcher, and the walkthrough (``run_demo``) next to the agent.
 
 Everything goes through the real interfaces: pods are created and deleted with a Kubernetes client
 (lightkube) against the simulator's API; the simulated kubelet calls our registrar over gRPC; events

@@ -240,6 +240,7 @@ class Bus:
         await self._nc.flush(timeout=timeout)
 
     async def close(self) -> None:
+        """Drain the connection: every subscription made through this bus ends, pending messages first."""
         if self._nc.is_closed:
             return
         try:
