@@ -88,16 +88,17 @@ async def run(samples: int) -> list[dict[str, Any]]:
 
         await sub_nc.subscribe("bench.plain", cb=on_plain)
         await sub_nc.flush()
+        pub_nc = await nats.connect(server.url)  # the floor is plain NATS: a plain client publishes it
         payload = b"x" * size
         one_way: list[float] = []
         for i in range(samples + 50):
             got.clear()
             sent = time.perf_counter()
-            await bus.nc.publish("bench.plain", payload)
+            await pub_nc.publish("bench.plain", payload)
             await asyncio.wait_for(got.wait(), 10)
             if i >= 50:
                 one_way.append(received[0] - sent)
-        js = bus.nc.jetstream()
+        js = bus.js
         await js.add_stream(name="BENCHFLOOR", subjects=["benchfloor.>"])
         js_rtt: list[float] = []
         for i in range(samples + 50):
@@ -105,6 +106,7 @@ async def run(samples: int) -> list[dict[str, Any]]:
             await js.publish("benchfloor.x", payload)
             if i >= 50:
                 js_rtt.append(time.perf_counter() - sent)
+        await pub_nc.close()
         await sub_nc.close()
         await log.close()
         await bus.close()

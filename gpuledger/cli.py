@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import shutil
-import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from gpuledger.agent import SERVICES
+from gpuledger.audit_cmd import audit, history, import_checkpoint
+from gpuledger.gpu_cmd import gpu
+from gpuledger.health_cmd import health
 from gpuledger.options import agent_options, log_options, settings_from
+from gpuledger.simulate_cmd import simulate
+from gpuledger.status_cmd import status
+from gpuledger.vcuda_cmd import gpu_client
 from libs.config import Settings
-from libs.log import configure_logging, get_logger
-
-SERVICE_NAMES = ("registrar", "allocator", "vmanager", "watchdog")
+from libs.log import configure_logging
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -29,13 +31,14 @@ def main() -> None:
 # --- the agent ---------------------------------------------------------------------------------
 
 @main.command()
-@click.argument("service", type=click.Choice(SERVICE_NAMES))
+@click.argument("service", type=click.Choice(SERVICES))
 @agent_options
 def run(service: str, **values: Any) -> None:
     """Run one service in the foreground (what each DaemonSet container runs)."""
     from libs.runtime import run_service
 
     settings = settings_from(values, nats_url=values.get("nats_url") or "nats://127.0.0.1:4222")
+    # Only the service this process runs is imported (each pulls in its own gRPC, Kubernetes, NVML...).
     factory = importlib.import_module(f"services.{service}.app").service
     sys.exit(run_service(service, settings, factory))
 
@@ -46,89 +49,12 @@ def run(service: str, **values: Any) -> None:
 @click.option("--demo-exit", is_flag=True, help="With --demo: stop after the walkthrough instead of staying up.")
 def up(demo: bool, demo_exit: bool, **values: Any) -> None:
     """Start the agent: an embedded nats-server (unless --nats-url) and the four services as processes."""
+    from gpuledger.up import run_up
+
     embedded = values.get("nats_url") is None
     settings = settings_from(values, nats_url=values.get("nats_url") or "nats://127.0.0.1:4222")
     configure_logging("up", fmt=settings.log_format, level=settings.log_level)
-    code = asyncio.run(_up(settings, embedded=embedded, demo=demo or demo_exit, exit_after=demo_exit))
-    sys.exit(code)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: bool) -> int:
-    from gpuledger.launcher import Launcher
-
-    log = get_logger("up")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    demo_dir = Path(settings.state_dir) / "demo"
-    api_url = ""
-    if demo:
-        shutil.rmtree(demo_dir, ignore_errors=True)  # our own scratch area: every demo starts clean
-        demo_dir.mkdir(parents=True)
-        api_url = f"http://127.0.0.1:{_free_port()}"
-        settings = settings.replace(
-            node_name="demo-node", state_dir=str(demo_dir), vm_dir="", vdriver_dir="",
-            device_plugin_dir=str(demo_dir / "device-plugins"),
-            pod_resources_socket=str(demo_dir / "pod-resources" / "kubelet.sock"),
-            kubeconfig=str(demo_dir / "kubeconfig"),
-            proc_root=str(demo_dir / "proc"), cgroup_root=str(demo_dir / "cgroup"),  # simulated containers
-        )
-    launcher = Launcher(settings, embedded_nats=embedded, log_dir=demo_dir / "logs" if demo else None)
-    code = 0
-    try:
-        await launcher.start_nats()
-        if demo:
-            click.secho(f"gpuledger demo: state, sockets and logs under {demo_dir}", bold=True)
-            await launcher.start_child("sim", [
-                "sim", "--node-name", settings.node_name, "--device-plugin-dir", settings.device_plugin_dir,
-                "--pod-resources-socket", settings.pod_resources_socket, "--api-port", api_url.rsplit(":", 1)[1],
-                "--kubeconfig-out", settings.kubeconfig,
-            ])
-            await _wait_file(Path(settings.kubeconfig), 30)
-        await launcher.start_services()
-        if demo:
-            from gpuledger.demo import run_demo
-
-            task = asyncio.create_task(run_demo(launcher.settings, api_url, Path(settings.kubeconfig)))
-            stopper = asyncio.create_task(stop.wait())
-            await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            if not task.done():
-                task.cancel()
-            elif task.exception() is not None:
-                click.secho(f"demo failed: {task.exception()}", fg="red", err=True)
-                click.secho(f"service logs: {demo_dir / 'logs'}", err=True)
-                return 1
-            if exit_after or stop.is_set():
-                return 0
-            click.secho(
-                f"\nThe agent keeps running. In another terminal:\n"
-                f"  gpuledger events --state-dir {demo_dir}\n"
-                f"  gpuledger replay --state-dir {demo_dir}\n"
-                f"Press Ctrl-C to stop.", bold=True)
-        else:
-            log.info("agent running; Ctrl-C to stop", nats=launcher.settings.nats_url)
-        await stop.wait()
-    except Exception as exc:
-        log.error("up failed", error=str(exc))
-        code = 1
-    finally:
-        click.secho("stopping…", err=True)
-        await launcher.stop()
-    return code
-
-
-async def _wait_file(path: Path, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while not path.exists():  # noqa: ASYNC110 (a file written by another process: poll it)
-            await asyncio.sleep(0.1)
+    sys.exit(asyncio.run(run_up(settings, embedded=embedded, demo=demo or demo_exit, exit_after=demo_exit)))
 
 
 # --- the simulator -----------------------------------------------------------------------------
@@ -242,15 +168,10 @@ def gen_protos() -> None:
         click.echo(path.relative_to(ROOT))
 
 
-# Commands that live in their own modules, each registered once `main` exists.
-_COMMANDS = (
-    ("status_cmd", "status"), ("gpu_cmd", "gpu"), ("simulate_cmd", "simulate"), ("health_cmd", "health"),
-    ("audit_cmd", "history"), ("audit_cmd", "audit"), ("audit_cmd", "import_checkpoint"),
-    ("vcuda_cmd", "gpu_client"),
-)
-for _module, _name in _COMMANDS:
-    main.add_command(getattr(importlib.import_module(f"gpuledger.{_module}"), _name))
-main.add_command(importlib.import_module("gpuledger.vcuda_cmd").gpu_client, name="vcuda-client")  # the old name
+# Commands that live in their own modules.
+for _command in (status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client):
+    main.add_command(_command)
+main.add_command(gpu_client, name="vcuda-client")  # the old name
 
 
 if __name__ == "__main__":

@@ -1,38 +1,43 @@
 """``gpuledger up --demo``: walk a multi-container GPU pod through a simulated node and narrate it.
 
+``DemoNode`` is what ``up --demo`` adds to a plain ``up``: a scratch state directory, the node
+simulator as one more child of the launcher, and the walkthrough (``run_demo``) next to the agent.
+
 Everything goes through the real interfaces: pods are created and deleted with a Kubernetes client
 (lightkube) against the simulator's API; the simulated kubelet calls our registrar over gRPC; events
-are read the way an operator would, with a plain NATS subscription; the container registration goes
-through the pod's real vcuda.sock.
+are read the way an operator would, with a plain (core) NATS subscription; the container registration
+goes through the pod's real vcuda.sock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
+import shutil
+import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import click
-import msgspec
-import nats
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod as KubePod
 
+from gpuledger.launcher import Launcher
 from libs.bus.client import Bus
 from libs.cgroups import container_cgroup_paths
 from libs.commands import StateReply, StateRequest
 from libs.config import MIB, Settings
-from libs.events.codec import EventRecord
+from libs.events.codec import StoredEvent
+from libs.events.schema import AllocationGranted, AllocationRefused, AllocationReleased, AnyEvent, InventoryRecorded
 from libs.events.subjects import Subjects
 from libs.kube.pods import RESOURCE_VCORE
 from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode as decode_vcuda_config
 
-__all__ = ["DEMO_POD", "NEXT_POD", "run_demo"]
+__all__ = ["DEMO_POD", "NEXT_POD", "DemoNode", "run_demo"]
 
 def _pod(name: str, *containers: tuple[str, str, dict[str, str]]) -> dict[str, Any]:
     return {
@@ -61,28 +66,34 @@ def say(text: str = "", **style: Any) -> None:
 class EventPrinter:
     """Counts and prints committed events as a plain NATS subscriber sees them."""
 
-    def __init__(self) -> None:
-        self.seen: list[EventRecord] = []
+    def __init__(self, subjects: Subjects) -> None:
+        self.subjects = subjects
+        self.seen: list[StoredEvent] = []
         self._arrived = asyncio.Condition()
 
-    async def on_msg(self, msg: Any) -> None:
-        rec = msgspec.json.decode(msg.data, type=EventRecord)
-        data = rec.data
-        detail = {
-            "alloc.granted": lambda: f"{data['namespace']}/{data['pod_name']}:{data['container']} "
-                                     f"cores={data['cores']} GPU{','.join(str(s['index']) for s in data['shares'])}",
-            "alloc.released": lambda: f"pod {data['pod_uid'][:8]}…:{data['container']} ({data['reason']})",
-            "alloc.refused": lambda: data["reason"],
-            "inventory.recorded": lambda: f"{len(data['gpus'])} GPUs ({data['backend']})",
-        }.get(rec.type, lambda: "")()
-        say(f"    [nats {msg.subject}] seq={rec.seq} {detail}", fg="cyan")
+    async def on_event(self, stored: StoredEvent) -> None:
+        subject = self.subjects.event(stored.type)  # the subject it was published on
+        say(f"    [nats {subject}] seq={stored.seq} {_detail(stored.event)}", fg="cyan")
         async with self._arrived:
-            self.seen.append(rec)
+            self.seen.append(stored)
             self._arrived.notify_all()
 
     async def wait_for(self, type_name: str, count: int, timeout: float) -> None:
         async with asyncio.timeout(timeout), self._arrived:
             await self._arrived.wait_for(lambda: sum(r.type == type_name for r in self.seen) >= count)
+
+
+def _detail(ev: AnyEvent) -> str:
+    if type(ev) is AllocationGranted:  # not its subclass AllocationImported
+        return f"{ev.namespace}/{ev.pod_name}:{ev.container} cores={ev.cores} " \
+               f"GPU{','.join(str(s.index) for s in ev.shares)}"
+    if isinstance(ev, AllocationReleased):
+        return f"pod {ev.pod_uid[:8]}…:{ev.container} ({ev.reason})"
+    if isinstance(ev, AllocationRefused):
+        return ev.reason
+    if isinstance(ev, InventoryRecorded):
+        return f"{len(ev.gpus)} GPUs ({ev.backend})"
+    return ""
 
 
 async def _wait(fetch: Callable[[], Any], ok: Callable[[Any], bool], timeout: float, what: str) -> Any:
@@ -139,15 +150,13 @@ def _as_container_process(settings: Settings, pod_uid: str, container_id: str) -
 
 
 async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
-    subjects = Subjects(settings.node_name)
-    printer = EventPrinter()
-    nc = await nats.connect(settings.nats_url, name="demo")
-    bus = await Bus.connect(settings.nats_url, name="demo-state", node=settings.node_name)
+    bus = await Bus.connect(settings.nats_url, name="demo", node=settings.node_name)
+    printer = EventPrinter(bus.subjects)
     client = AsyncClient(config=KubeConfig.from_file(kubeconfig))
     http = aiohttp.ClientSession(base_url=api_url)
     try:
-        for subject in subjects.event_subjects():
-            await nc.subscribe(subject, cb=printer.on_msg)
+        for subject in bus.subjects.event_subjects():
+            await bus.subscribe_events(subject, printer.on_event)
         say("\n1. Waiting for the registrar to register with the simulated kubelet…", bold=True)
 
         async def resources() -> dict[str, Any]:
@@ -201,9 +210,78 @@ async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
         await http.close()
         await client.close()
         await bus.close()
-        with contextlib.suppress(Exception):
-            await nc.drain()
 
 
 async def _exists(path: Path) -> bool:
     return path.exists()
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    """Where ``up --demo`` runs: its own state directory and a node simulator serving ``api_url``."""
+
+    settings: Settings  # the agent's settings, pointed at the scratch directory and the simulator
+    directory: Path
+    api_url: str
+
+    @classmethod
+    def prepare(cls, settings: Settings) -> DemoNode:
+        directory = Path(settings.state_dir) / "demo"
+        shutil.rmtree(directory, ignore_errors=True)  # our own scratch area: every demo starts clean
+        directory.mkdir(parents=True)
+        settings = settings.replace(
+            node_name="demo-node", state_dir=str(directory), vm_dir="", vdriver_dir="",
+            device_plugin_dir=str(directory / "device-plugins"),
+            pod_resources_socket=str(directory / "pod-resources" / "kubelet.sock"),
+            kubeconfig=str(directory / "kubeconfig"),
+            proc_root=str(directory / "proc"), cgroup_root=str(directory / "cgroup"),  # simulated containers
+        )
+        return cls(settings=settings, directory=directory, api_url=f"http://127.0.0.1:{_free_port()}")
+
+    @property
+    def log_dir(self) -> Path:
+        return self.directory / "logs"
+
+    async def start_simulator(self, launcher: Launcher) -> None:
+        settings = self.settings
+        click.secho(f"gpuledger demo: state, sockets and logs under {self.directory}", bold=True)
+        await launcher.start_child("sim", [
+            "sim", "--node-name", settings.node_name, "--device-plugin-dir", settings.device_plugin_dir,
+            "--pod-resources-socket", settings.pod_resources_socket, "--api-port", self.api_url.rsplit(":", 1)[1],
+            "--kubeconfig-out", settings.kubeconfig,
+        ])
+        await _wait_file(Path(settings.kubeconfig), 30)
+
+    async def walk_through(self, launcher: Launcher, stop: asyncio.Event, *, exit_after: bool) -> int | None:
+        """Run the demo until it ends or ``stop`` is set: the exit code when ``up`` should end now,
+        None when the agent keeps running (until ``stop``)."""
+        task = asyncio.create_task(run_demo(launcher.settings, self.api_url, Path(self.settings.kubeconfig)))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+        elif task.exception() is not None:
+            click.secho(f"demo failed: {task.exception()}", fg="red", err=True)
+            click.secho(f"service logs: {self.log_dir}", err=True)
+            return 1
+        if exit_after or stop.is_set():
+            return 0
+        click.secho(
+            f"\nThe agent keeps running. In another terminal:\n"
+            f"  gpuledger events --state-dir {self.directory}\n"
+            f"  gpuledger replay --state-dir {self.directory}\n"
+            f"Press Ctrl-C to stop.", bold=True)
+        return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _wait_file(path: Path, timeout: float) -> None:
+    async with asyncio.timeout(timeout):
+        while not path.exists():  # noqa: ASYNC110 (a file written by another process: poll it)
+            await asyncio.sleep(0.1)

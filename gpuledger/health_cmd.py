@@ -21,6 +21,7 @@ import msgspec
 import nats
 import nats.errors
 
+from gpuledger.agent import SERVICES
 from gpuledger.options import agent_options, settings_from
 from libs.commands import PodsRequest, PrepareRequest, StateRequest
 from libs.config import Settings
@@ -105,7 +106,7 @@ async def check(service: str, settings: Settings, timeout: float) -> str | None:
 
 
 @click.command()
-@click.argument("service", type=click.Choice(["registrar", "allocator", "vmanager", "watchdog", "nats"]))
+@click.argument("service", type=click.Choice([*SERVICES, "nats"]))
 @click.option("--timeout", type=float, default=3.0, show_default=True, help="Seconds to wait for the answer.")
 @agent_options
 def health(service: str, timeout: float, **values: Any) -> None:

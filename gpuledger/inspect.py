@@ -17,7 +17,7 @@ import msgspec
 
 from libs.config import MIB
 from libs.errors import StoreError
-from libs.events.codec import EventRecord, StoredEvent, format_time, from_record, to_record
+from libs.events.codec import StoredEvent, decode_record, format_time, to_record
 from libs.events.schema import (
     AllocationCorrected,
     AllocationGranted,
@@ -27,7 +27,7 @@ from libs.events.schema import (
     GpuShare,
     InventoryRecorded,
 )
-from libs.events.subjects import Subjects, unescape_token
+from libs.events.subjects import unescape_token
 from libs.ledger.holdings import AuditView, Holding, audit_replay
 from libs.ledger.state import LedgerSnapshot, LedgerState
 from libs.ledger.timeline import Entry
@@ -108,7 +108,7 @@ async def follow_stream(url: str, *, node: str | None, since: int, as_json: bool
     bus = await Bus.connect(url, name="gpuledger-events", node=node or "-", wait=10)
     try:
         if node is None:
-            bus.subjects = Subjects(await _only_node(bus))
+            bus = bus.for_node(await _only_node(bus))
 
         def show(stored: StoredEvent) -> None:
             print(_line(stored, as_json), file=out, flush=True)
@@ -155,7 +155,7 @@ async def _follow_durable(bus: Any, name: str, since: int, show: Any) -> None:
                     raise_if_cancelling(exc)  # Ctrl-C must stop it, even when nats-py loses the cancel
                     continue
                 for msg in msgs:
-                    show(from_record(msgspec.json.decode(msg.data, type=EventRecord)))
+                    show(decode_record(msg.data))
                     await msg.ack_sync(timeout=5)
         except (nats.errors.Error, APIError, OSError) as exc:
             raise_if_cancelling(exc)

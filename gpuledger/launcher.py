@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from gpuledger.agent import SERVICES
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.log import get_logger
 
 __all__ = ["SERVICES", "Child", "Launcher", "settings_env"]
 
-SERVICES = ("allocator", "watchdog", "vmanager", "registrar")
 _log = get_logger("up")
 
 

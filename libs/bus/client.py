@@ -1,5 +1,7 @@
 """The NATS connection every service uses: reconnects, typed request/reply with deadlines, errors.
 
+The connection itself stays inside ``Bus``: services request, serve, publish and subscribe through
+its typed methods, so payload decoding, error replies and subscription clean-up live in one place.
 Payloads are msgspec JSON (readable with ``nats sub``). A request carries the caller's request id in
 the ``Gpuledger-Request-Id`` header (the one bound in the structlog context, else the message's own
 ``request_id``), and the handler runs with it bound, so one request can be followed through the
@@ -25,7 +27,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
-from libs.errors import BusError, BusTimeout, RemoteError, ServiceError
+from libs.errors import BusError, BusTimeout, CorruptLog, RemoteError, ServiceError
+from libs.events.codec import StoredEvent, decode_record
 from libs.events.subjects import Subjects
 from libs.log import correlation, get_logger
 
@@ -37,6 +40,7 @@ REQUEST_ID_HEADER = "Gpuledger-Request-Id"
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
+Msg_T = TypeVar("Msg_T")
 
 _log = get_logger("bus")
 
@@ -46,7 +50,7 @@ FIRST_CONNECT_MAX_WAIT_S = 2.0  # the first connect's backoff doubles up to this
 
 class Bus:
     def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
-        self.nc = nc
+        self._nc = nc
         self.subjects = subjects
         self._subs: list[Subscription] = []
 
@@ -104,15 +108,29 @@ class Bus:
         nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S  # later reconnects keep the short wait
         return cls(nc, Subjects(node))
 
+    def for_node(self, node: str) -> Bus:
+        """This connection, addressing ``node``'s subjects (a CLI may learn the node from the server).
+        Closing either bus closes the connection."""
+        return Bus(self._nc, Subjects(node))
+
     @property
     def js(self) -> JetStreamContext:
-        return self.nc.jetstream()
+        return self._nc.jetstream()
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was re-established (a follower resubscribes after one)."""
+        return int(self._nc.stats["reconnects"])
+
+    @property
+    def is_closed(self) -> bool:
+        return bool(self._nc.is_closed)
 
     async def request(self, subject: str, msg: Any, reply_type: type[Rep], *, timeout: float) -> Rep:
         request_id = structlog.contextvars.get_contextvars().get("request_id") or getattr(msg, "request_id", "")
         headers = {REQUEST_ID_HEADER: str(request_id)} if request_id else None
         try:
-            resp = await self.nc.request(subject, msgspec.json.encode(msg), timeout=timeout, headers=headers)
+            resp = await self._nc.request(subject, msgspec.json.encode(msg), timeout=timeout, headers=headers)
         except nats.errors.TimeoutError as exc:
             raise BusTimeout(subject, timeout) from exc
         except nats.errors.NoRespondersError as exc:
@@ -159,9 +177,9 @@ class Bus:
                 await self._reply_error(msg, 500, f"internal error: {exc}")
                 return
             if msg.reply:  # not msg.respond(): that would echo the request's headers
-                await self.nc.publish(msg.reply, msgspec.json.encode(rep))
+                await self._nc.publish(msg.reply, msgspec.json.encode(rep))
 
-        sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_msg)
+        sub = await self._nc.subscribe(subject, queue=queue or "", cb=on_msg)
         self._subs.append(sub)
         return sub
 
@@ -169,15 +187,63 @@ class Bus:
         if msg.reply:
             # Header values must be one line; other spacing is kept (error texts are matched exactly).
             headers = {ERROR_HEADER: " ".join(text.strip().splitlines()), ERROR_CODE_HEADER: str(code)}
-            await self.nc.publish(msg.reply, b"", headers=headers)
+            await self._nc.publish(msg.reply, b"", headers=headers)
 
     async def publish(self, subject: str, msg: Any) -> None:
-        await self.nc.publish(subject, msgspec.json.encode(msg))
+        await self._nc.publish(subject, msgspec.json.encode(msg))
+
+    async def subscribe(
+        self, subject: str, msg_type: type[Msg_T], handler: Callable[[Msg_T], Awaitable[None]]
+    ) -> Subscription:
+        """Hand every message on ``subject`` (wildcards allowed) to ``handler``, decoded as ``msg_type``.
+
+        Core NATS: what is published while the connection is down is not delivered. A payload that
+        does not decode is logged and skipped; the subscription goes on.
+        """
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                decoded = msgspec.json.decode(msg.data, type=msg_type)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                _log.warning("unreadable message", subject=msg.subject, type=msg_type.__name__, error=str(exc))
+                return
+            await handler(decoded)
+
+        return await self._subscribe(subject, on_msg)
+
+    async def subscribe_events(self, subject: str, handler: Callable[[StoredEvent], Awaitable[None]]) -> Subscription:
+        """Hand every committed event published on ``subject`` to ``handler`` as a ``StoredEvent``.
+
+        The record is decoded once here (upcast to today's schema, as on every read of the log). A core
+        subscription: it sees events as they are published, and nothing missed while disconnected; a
+        reader that must see every event follows the stream (``libs.bus.follow``) instead. A record
+        that does not decode is logged and skipped.
+        """
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                stored = decode_record(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError, CorruptLog) as exc:
+                _log.warning("unreadable event", subject=msg.subject, error=str(exc))
+                return
+            await handler(stored)
+
+        return await self._subscribe(subject, on_msg)
+
+    async def _subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]]) -> Subscription:
+        sub = await self._nc.subscribe(subject, cb=cb)
+        self._subs.append(sub)
+        return sub
+
+    async def flush(self, timeout: float = 5.0) -> None:
+        """Wait until the server has processed everything sent so far (subscriptions included)."""
+        await self._nc.flush(timeout=timeout)
 
     async def close(self) -> None:
-        if self.nc.is_closed:
+        """Drain the connection: every subscription made through this bus ends, pending messages first."""
+        if self._nc.is_closed:
             return
         try:
-            await asyncio.wait_for(self.nc.drain(), timeout=5)
+            await asyncio.wait_for(self._nc.drain(), timeout=5)
         except (TimeoutError, nats.errors.Error):
-            await self.nc.close()
+            await self._nc.close()

@@ -68,7 +68,7 @@ class LogFollower:
                 await asyncio.sleep(0.5)
 
     async def _follow_once(self, stream: str) -> None:
-        reconnects = self.bus.nc.stats["reconnects"]
+        reconnects = self.bus.reconnects
         sub = await self.bus.js.subscribe(
             f"{self.bus.subjects.prefix}.>",
             stream=stream,
@@ -84,7 +84,7 @@ class LogFollower:
                     msg = await sub.next_msg(timeout=self.idle_check)
                 except nats.errors.TimeoutError as exc:
                     raise_if_cancelling(exc)
-                    if self.bus.nc.stats["reconnects"] != reconnects:
+                    if self.bus.reconnects != reconnects:
                         raise _Reconnected() from None
                     continue
                 record = msgspec.json.decode(msg.data, type=EventRecord)

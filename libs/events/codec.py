@@ -21,6 +21,7 @@ __all__ = [
     "EventRecord",
     "StoredEvent",
     "decode_body",
+    "decode_record",
     "encode_body",
     "format_time",
     "from_record",
@@ -175,3 +176,14 @@ def from_record(record: EventRecord) -> StoredEvent:
         command_id=record.command_id,
         event=event,
     )
+
+
+_record_decoder = msgspec.json.Decoder(EventRecord)
+
+
+def decode_record(data: bytes) -> StoredEvent:
+    """One NATS message payload (an ``EventRecord`` in JSON) -> the committed event it carries.
+
+    Raises msgspec's DecodeError/ValidationError for a payload that is not a record, CorruptLog for
+    one whose event this code cannot read."""
+    return from_record(_record_decoder.decode(data))

@@ -2,7 +2,9 @@
 
 The same code runs against a real API server (in-cluster service account or a kubeconfig) and
 against the simulator's API: only the kubeconfig differs. The cache is keyed by pod UID; every change
-reaches ``on_change(kind, old, new)``.
+reaches the ``on_change(kind, old, new)`` handed to ``run``. The handler is an argument of the loop,
+not of the source, because its usual consumer (the watchdog's recycler) reads the source too: both
+are then built whole, the source first.
 
 Informer rules, as client-go's reflector: list (field selector ``spec.nodeName``), then watch from the
 list's resourceVersion with ``allowWatchBookmarks``; remember the resourceVersion of every event,
@@ -45,10 +47,9 @@ def to_pod(obj: KubePod) -> Pod:
 
 
 class PodSource:
-    def __init__(self, client: AsyncClient, node: str, on_change: ChangeHandler) -> None:
+    def __init__(self, client: AsyncClient, node: str) -> None:
         self.client = client
         self.node = node
-        self.on_change = on_change
         self.pods: dict[str, Pod] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""  # of the newest event seen (bookmarks included)
@@ -66,13 +67,13 @@ class PodSource:
         """The node's pods straight from the API server (not the cache)."""
         return [to_pod(o) async for o in self.client.list(KubePod, namespace=ALL_NS, fields=self._fields)]
 
-    async def run(self) -> None:
+    async def run(self, on_change: ChangeHandler) -> None:
         backoff = MIN_BACKOFF
         version = ""
         while True:
             try:
                 if not version:
-                    version = await self._relist()
+                    version = await self._relist(on_change)
                 else:
                     self.resumes += 1
                 backoff = MIN_BACKOFF
@@ -81,7 +82,7 @@ class PodSource:
                     if kind == "BOOKMARK":
                         self.bookmarks += 1
                         continue
-                    await self._apply(kind, to_pod(obj))
+                    await self._apply(on_change, kind, to_pod(obj))
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
@@ -110,24 +111,24 @@ class PodSource:
         )
         return generic.watch(request)
 
-    async def _relist(self) -> str:
+    async def _relist(self, on_change: ChangeHandler) -> str:
         listing = self.client.list(KubePod, namespace=ALL_NS, fields=self._fields)
         fresh = {p.uid: p async for p in _pods(listing)}
         version = listing.resourceVersion
         self.relists += 1
         for uid in [u for u in self.pods if u not in fresh]:
-            await self._apply("DELETED", self.pods[uid])
+            await self._apply(on_change, "DELETED", self.pods[uid])
         for pod in fresh.values():
             old = self.pods.get(pod.uid)
             if old is None:
-                await self._apply("ADDED", pod)
+                await self._apply(on_change, "ADDED", pod)
             elif old != pod:
-                await self._apply("MODIFIED", pod)
+                await self._apply(on_change, "MODIFIED", pod)
         self.resource_version = version
         self.synced.set()
         return version
 
-    async def _apply(self, kind: str, pod: Pod) -> None:
+    async def _apply(self, on_change: ChangeHandler, kind: str, pod: Pod) -> None:
         old = self.pods.get(pod.uid)
         if kind == "DELETED":
             self.pods.pop(pod.uid, None)
@@ -136,7 +137,7 @@ class PodSource:
             self.pods[pod.uid] = pod
             new = pod
         try:
-            await self.on_change(kind, old, new)
+            await on_change(kind, old, new)
         except Exception as exc:  # a handler failure must not stop the watch
             _log.error("pod change handler failed", pod=pod.key, kind=kind, error=str(exc), exc_info=exc)
 

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 
-import msgspec
-from nats.aio.msg import Msg
-
 from libs.bus.client import Bus
 from libs.commands import PodChanged, PodsReply, PodsRequest
 from libs.errors import BusError
@@ -35,7 +32,7 @@ class PodCache:
         self._changed = asyncio.Condition()
 
     async def start(self, timeout: float) -> None:
-        await self.bus.nc.subscribe(self.bus.subjects.pod_fact("*"), cb=self._on_msg)
+        await self.bus.subscribe(self.bus.subjects.pod_fact("*"), PodChanged, self._on_change)
         await self.resync(timeout)
 
     async def resync(self, timeout: float) -> None:
@@ -65,12 +62,7 @@ class PodCache:
             return False
         return True
 
-    async def _on_msg(self, msg: Msg) -> None:
-        try:
-            change = msgspec.json.decode(msg.data, type=PodChanged)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            _log.warning("unreadable pod notification", subject=msg.subject, error=str(exc))
-            return
+    async def _on_change(self, change: PodChanged) -> None:
         if change.kind == "DELETED":
             self.pods.pop(change.pod.uid, None)
         else:

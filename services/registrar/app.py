@@ -8,13 +8,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
 from libs.bus import Bus
 from libs.commands import InventoryReply, InventoryRequest
 from libs.config import Settings
 from libs.errors import BusError
-from libs.events.codec import EventRecord, from_record
+from libs.events.codec import StoredEvent
 from libs.events.schema import InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.log import get_logger
@@ -56,12 +54,11 @@ async def _load_catalog(bus: Bus, catalog: DeviceCatalog, timeout: float) -> Non
 
 
 async def _serve(bus: Bus, catalog: DeviceCatalog, kubelet: KubeletRegistration, timeout: float) -> None:
-    async def on_inventory(msg) -> None:  # type: ignore[no-untyped-def]
-        stored = from_record(msgspec.json.decode(msg.data, type=EventRecord))
+    async def on_inventory(stored: StoredEvent) -> None:
         if isinstance(stored.event, InventoryRecorded):
             await catalog.update(stored.event)
 
-    await bus.nc.subscribe(bus.subjects.event("inventory.recorded"), cb=on_inventory)
+    await bus.subscribe_events(bus.subjects.event("inventory.recorded"), on_inventory)
     await _load_catalog(bus, catalog, timeout)
     await kubelet.run()
 
@@ -74,11 +71,9 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         supervisor = Supervisor("registrar")
         stack.push_async_callback(supervisor.aclose)
         catalog = DeviceCatalog()
-        plugins = [DevicePlugin(r, catalog, bus, settings) for r in (RESOURCE_VCORE, RESOURCE_VMEMORY)]
-        kubelet = KubeletRegistration(Path(settings.device_plugin_dir), plugins)
         health = DeviceHealth(catalog)  # issue 7: GPU health in ListAndWatch, metrics
-        for plugin in plugins:
-            plugin.health = health
+        plugins = [DevicePlugin(r, catalog, bus, settings, health=health) for r in (RESOURCE_VCORE, RESOURCE_VMEMORY)]
+        kubelet = KubeletRegistration(Path(settings.device_plugin_dir), plugins)
         await stack.enter_async_context(observe(settings, plugins, catalog, health))
         supervisor.spawn(health.run(bus, settings.request_timeout), "gpu-health")
         supervisor.spawn(_serve(bus, catalog, kubelet, settings.request_timeout), "kubelet")

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 
-import msgspec
-
 from libs.bus.client import Bus
 from libs.commands import StateReply, StateRequest
 from libs.config import MEMORY_BLOCK
 from libs.errors import BusError
-from libs.events.codec import EventRecord, from_record
+from libs.events.codec import StoredEvent
 from libs.events.schema import GpuHealthChanged
 from libs.kube.pods import RESOURCE_VCORE
 from libs.log import get_logger
@@ -63,14 +61,13 @@ class DeviceHealth:
         return out
 
     async def run(self, bus: Bus, timeout: float, resync: float = 30.0) -> None:
-        async def on_health(msg) -> None:  # type: ignore[no-untyped-def]
-            stored = from_record(msgspec.json.decode(msg.data, type=EventRecord))
+        async def on_health(stored: StoredEvent) -> None:
             ev = stored.event
             if isinstance(ev, GpuHealthChanged) and stored.seq > self.seq:
                 self.seq = stored.seq
                 await self.set_unhealthy(self.unhealthy - {ev.uuid} if ev.healthy else self.unhealthy | {ev.uuid})
 
-        sub = await bus.nc.subscribe(bus.subjects.event("gpu.health"), cb=on_health)
+        sub = await bus.subscribe_events(bus.subjects.event("gpu.health"), on_health)
         try:
             while True:
                 try:

@@ -51,11 +51,11 @@ def to_proto(resp: ContainerResponse) -> pb.ContainerAllocateResponse:
 
 
 class DevicePlugin(pb_grpc.DevicePluginServicer):
-    health: DeviceHealth | None = None  # set by the composition root; None: everything Healthy
-
-    def __init__(self, resource: str, catalog: DeviceCatalog, bus: Bus, settings: Settings) -> None:
+    def __init__(self, resource: str, catalog: DeviceCatalog, bus: Bus, settings: Settings, *,
+                 health: DeviceHealth | None = None) -> None:
         self.resource = resource
         self.catalog = catalog
+        self.health = health  # None: every device Healthy
         self.bus = bus
         self.settings = settings
         self.options = pb.DevicePluginOptions(

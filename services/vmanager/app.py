@@ -19,7 +19,7 @@ from services.vmanager.metrics import observe
 from services.vmanager.peergate import Callers
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
-from services.vmanager.register import Registrar, VcudaServicer
+from services.vmanager.register import VcudaServicer, VDeviceRegistrations
 from services.vmanager.tracker import AllocationTracker
 from services.vmanager.volumes import build_from_settings
 
@@ -32,7 +32,7 @@ class VmanagerService:
     state: LedgerState
     tracker: AllocationTracker  # .follower (LogFollower), .caught_up (asyncio.Event)
     sockets: PodSockets
-    registrar: Registrar
+    registrations: VDeviceRegistrations
     supervisor: Supervisor
 
 
@@ -45,15 +45,15 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         stack.push_async_callback(bus.close)
         state = LedgerState()
         names = ContainerNames(bus, timeout=settings.request_timeout)
-        registrar = Registrar(state, names, lookup_patience=settings.request_timeout,
-                              cgroup_root=Path(settings.cgroup_root))
+        registrations = VDeviceRegistrations(state, names, lookup_patience=settings.request_timeout,
+                                             cgroup_root=Path(settings.cgroup_root))
         callers = Callers()
         hami = settings.limit_delivery == "hami-core"
         if hami:
             prepare_node(settings.hami_preload, settings.hami_mount_dir, Path(settings.hami_lock_dir),
                          Path(settings.hami_library))
         sockets = PodSockets(
-            settings.vm_root, VcudaServicer(registrar, callers, settings.vm_root), state.holds,
+            settings.vm_root, VcudaServicer(registrations, callers, settings.vm_root), state.holds,
             backend=settings.vcuda_backend_socket, callers=callers, proc_root=Path(settings.proc_root),
             on_prepare=CacheDirs(state) if hami else None,
         )
@@ -67,4 +67,4 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
                               Prepare(tracker, sockets, timeout=settings.request_timeout))
         stack.push_async_callback(sub.unsubscribe)
         yield VmanagerService(bus=bus, state=state, tracker=tracker, sockets=sockets,
-                              registrar=registrar, supervisor=supervisor)
+                              registrations=registrations, supervisor=supervisor)

@@ -32,7 +32,7 @@ from services.vmanager.containers import ContainerNames, ContainerRef, Container
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
 from services.vmanager.peergate import Caller, Callers
 
-__all__ = ["RegisterError", "Registrar", "VcudaServicer"]
+__all__ = ["RegisterError", "VDeviceRegistrations", "VcudaServicer"]
 
 _log = get_logger("vmanager")
 
@@ -51,7 +51,10 @@ def _invalid(message: str) -> RegisterError:
     return RegisterError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-class Registrar:
+class VDeviceRegistrations:
+    """Container registrations of virtual devices: each checked against the caller and the folded log,
+    then written as the container's vcuda.config and pids.config."""
+
     def __init__(
         self, state: LedgerState, names: ContainerNames, *, lookup_patience: float, cgroup_root: Path
     ) -> None:
@@ -162,8 +165,8 @@ class Registrar:
 class VcudaServicer(pb_grpc.VCUDAServiceServicer):
     """The private server behind every pod's vcuda.sock: the gate's verdict says which pod called."""
 
-    def __init__(self, registrar: Registrar, callers: Callers, vm_root: Path) -> None:
-        self.registrar = registrar
+    def __init__(self, registrations: VDeviceRegistrations, callers: Callers, vm_root: Path) -> None:
+        self.registrations = registrations
         self.callers = callers
         self.vm_root = vm_root
 
@@ -177,7 +180,7 @@ class VcudaServicer(pb_grpc.VCUDAServiceServicer):
                                     "the connection did not come through a pod's vcuda.sock")
             if caller.refusal is not None:
                 raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, caller.refusal)
-            entry, name, changed, pids = await self.registrar.register(
+            entry, name, changed, pids = await self.registrations.register(
                 caller, self.vm_root / caller.pod_uid, request, time_left=context.time_remaining()
             )
         except RegisterError as exc:

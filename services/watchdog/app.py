@@ -37,20 +37,19 @@ async def service(settings: Settings, *, reconcile_period: float | None = None) 
         stack.push_async_callback(bus.close)
         client = make_client(settings.kubeconfig)
         stack.push_async_callback(client.close)
+        source = PodSource(client, settings.node_name)
         recycler = Recycler(
-            bus, settings.request_timeout,
+            bus, settings.request_timeout, source,
             admission=AdmissionCleanup(client),
             annotations=AnnotationRepair(client),
             labeler=NodeLabeler(client, settings.node_name, settings.node_label_map),
             kubelet=KubeletPods(settings.pod_resources_socket, settings.request_timeout),
         )
-        source = PodSource(client, settings.node_name, recycler.on_change)
-        recycler.source = source
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))
         await stack.enter_async_context(observe(settings, source))  # issue 7: /metrics
         supervisor = Supervisor("watchdog")
         stack.push_async_callback(supervisor.aclose)
-        supervisor.spawn(source.run(), "pod-watch")
+        supervisor.spawn(source.run(recycler.on_change), "pod-watch")
         period = reconcile_period if reconcile_period is not None else settings.allocation_check_period
         supervisor.spawn(recycler.reconcile_forever(period), "reconcile")
         yield WatchdogService(source=source, recycler=recycler, supervisor=supervisor)

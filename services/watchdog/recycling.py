@@ -76,12 +76,12 @@ class Repairs:
 
 
 class Recycler:
-    def __init__(self, bus: Bus, timeout: float, *, admission: AdmissionCleanup | None = None,
+    def __init__(self, bus: Bus, timeout: float, source: PodSource, *, admission: AdmissionCleanup | None = None,
                  annotations: AnnotationRepair | None = None, labeler: NodeLabeler | None = None,
                  kubelet: KubeletPods | None = None) -> None:
         self.bus = bus
         self.timeout = timeout
-        self.source: PodSource | None = None
+        self.source = source  # the recycler gets its changes: the composition root runs source.run(self.on_change)
         self.admission = admission
         self.annotations = annotations
         self.labeler = labeler
@@ -130,7 +130,6 @@ class Recycler:
         return True
 
     async def reconcile(self) -> Repairs:
-        assert self.source is not None
         await asyncio.wait_for(self.source.synced.wait(), self.timeout)
         repairs = Repairs()
         state = await self.bus.request(self.bus.subjects.state, StateRequest(), StateReply, timeout=self.timeout)

@@ -14,7 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpuledger.cli import SERVICE_NAMES, run
+from gpuledger.agent import SERVICES
+from gpuledger.cli import run
 from gpuledger.health_cmd import health
 from gpuledger.options import load_config_file
 from libs.config import Settings
@@ -149,7 +150,7 @@ def test_every_path_setting_is_listed() -> None:
     assert not undeclared, f"path settings no service is declared to open: {undeclared}"
     for name in OPENS:
         assert name in fields or isinstance(getattr(Settings, name, None), property), name
-        assert set(OPENS[name]) <= set(SERVICE_NAMES)
+        assert set(OPENS[name]) <= set(SERVICES)
 
 
 @pytest.mark.parametrize("configmap", [BASE / "configmap.yaml", OVERLAY / "config-patch.yaml"], ids=["base", "overlay"])
@@ -159,7 +160,7 @@ def test_every_path_a_service_opens_is_mounted_at_its_host_path(configmap: Path)
     spec = find("DaemonSet")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     nats_args = containers["nats"]["command"]
-    assert set(containers) == {*SERVICE_NAMES, "nats"}
+    assert set(containers) == {*SERVICES, "nats"}
     assert _covered(Path(nats_args[nats_args.index("-sd") + 1]), containers["nats"], spec, True)
     checked = 0
     for name, services in OPENS.items():
@@ -206,7 +207,7 @@ def test_declared_ports_are_the_metrics_ports() -> None:
     assert settings.metrics_port > 0
     containers = _containers()
     names: dict[str, str] = {}
-    for service in SERVICE_NAMES:
+    for service in SERVICES:
         ports = containers[service].get("ports", [])
         assert [p["containerPort"] for p in ports] == [metrics_port(settings, service)], service
         assert ports[0].get("protocol", "TCP") == "TCP"

@@ -50,8 +50,8 @@ async def watched(short_dir: Path) -> AsyncIterator[Watched]:
     async with NodeSimulator(cfg) as sim:
         client = make_client(str(cfg.kubeconfig_path))
         events = Recorder()
-        source = PodSource(client, "n1", events)
-        task = asyncio.create_task(source.run())
+        source = PodSource(client, "n1")
+        task = asyncio.create_task(source.run(events))
         try:
             await asyncio.wait_for(source.synced.wait(), 10)
             yield Watched(sim, source, events)
@@ -141,7 +141,7 @@ async def test_without_kubeconfig_option_the_environment_is_used(watched: Watche
     await watched.sim.create_pod(pod_manifest("env", [ctr("c")]))
     client = make_client("")
     try:
-        pods = await PodSource(client, "n1", watched.events).list_fresh()
+        pods = await PodSource(client, "n1").list_fresh()
     finally:
         await client.close()
     assert [p.metadata.name for p in pods] == ["env"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import nats
 import structlog
 
 from libs.bus.client import REQUEST_ID_HEADER, Bus
@@ -22,6 +23,7 @@ def test_correlation_fields() -> None:
 async def test_request_id_travels_in_a_header_and_is_bound_in_the_handler(nats_server: NatsServer) -> None:
     server = await Bus.connect(nats_server.url, name="server", node="n")
     client = await Bus.connect(nats_server.url, name="client", node="n")
+    wire = await nats.connect(nats_server.url, name="spy")  # sees the requests as they travel, headers and all
     seen: list[dict[str, object]] = []
     headers: list[object] = []
 
@@ -39,14 +41,17 @@ async def test_request_id_travels_in_a_header_and_is_bound_in_the_handler(nats_s
     try:
         await server.serve("t.prepare", PrepareRequest, prepare)
         await server.serve("t.release", ReleaseRequest, release)
-        await server.nc.subscribe("t.*", cb=spy)
-        await server.nc.flush()
+        await wire.subscribe("t.*", cb=spy)
+        await wire.flush()
+        await server.flush()
         with structlog.contextvars.bound_contextvars(request_id="abc"):
             await client.request("t.prepare", PrepareRequest(pod_uid="p1"), PrepareReply, timeout=5)
         await client.request("t.release", ReleaseRequest(pod_uid="p2", reason="x", request_id="own"), ReleaseReply,
                              timeout=5)
         await client.request("t.prepare", PrepareRequest(pod_uid="p3"), PrepareReply, timeout=5)
+        await wire.flush()  # every request the spy saw has arrived; draining hands each to the callback
     finally:
+        await wire.drain()
         await client.close()
         await server.close()
     assert headers == ["abc", "own", None]

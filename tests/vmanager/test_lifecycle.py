@@ -96,7 +96,7 @@ async def test_shutdown_is_clean(settings: Settings, ledger: Ledger, client_bus:
     async with running_vmanager(settings) as svc:
         sock = await prepare(client_bus, uid, await ledger.append(granted(uid, "main")))
     assert svc.sockets.servers == {}
-    assert svc.bus.nc.is_closed
+    assert svc.bus.is_closed
     assert svc.supervisor.failure.done()
     with pytest.raises(VcudaClientError) as info:
         await register(sock, pod_uid=uid, container_name="main", timeout=0.3)

@@ -92,7 +92,7 @@ async def test_no_cgroup_found_writes_nothing(
     sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
     enter_container(workdir, uid, cid, hierarchy="v2")
     # The caller's /proc says it is in the pod, but the cgroup tree is elsewhere (a wrong cgroup root).
-    vmanager.registrar.cgroup_root = workdir / "empty"
+    vmanager.registrations.cgroup_root = workdir / "empty"
     code, details = await raw_register(sock, pod_uid=uid, container_id=cid)
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert "no processes found" in details and cid in details

@@ -1,0 +1,49 @@
+"""``gpuledger up``: the agent in the foreground, until SIGINT or SIGTERM; with ``--demo``, next to
+the node simulator and a narrated walkthrough (``gpuledger/demo.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+from gpuledger.demo import DemoNode
+from gpuledger.launcher import Launcher
+from libs.config import Settings
+from libs.log import get_logger
+
+__all__ = ["run_up"]
+
+
+async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: bool) -> int:
+    """Start the broker (``embedded``) and the services, wait for a stop signal, stop them; the exit code."""
+    log = get_logger("up")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    node = DemoNode.prepare(settings) if demo else None
+    if node is not None:
+        settings = node.settings
+    launcher = Launcher(settings, embedded_nats=embedded, log_dir=node.log_dir if node is not None else None)
+    code = 0
+    try:
+        await launcher.start_nats()
+        if node is not None:
+            await node.start_simulator(launcher)
+        await launcher.start_services()
+        if node is not None:
+            ended = await node.walk_through(launcher, stop, exit_after=exit_after)
+            if ended is not None:
+                return ended
+        else:
+            log.info("agent running; Ctrl-C to stop", nats=launcher.settings.nats_url)
+        await stop.wait()
+    except Exception as exc:
+        log.error("up failed", error=str(exc))
+        code = 1
+    finally:
+        click.secho("stopping…", err=True)
+        await launcher.stop()
+    return code

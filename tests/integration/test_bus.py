@@ -1,0 +1,99 @@
+"""The bus's typed subscriptions, on a real nats-server: each payload is decoded once into its type, a
+payload that does not decode is logged and skipped, and the next good one still arrives."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import nats
+import structlog
+
+from libs.bus import Bus, NatsServer
+from libs.commands import PodChanged
+from libs.events.codec import StoredEvent, to_record
+from libs.events.schema import AllocationReleased, GpuHealthChanged
+from libs.kube.pods import Pod
+
+
+def _pod_changed(name: str) -> PodChanged:
+    pod = msgspec.convert({"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"}}, Pod)
+    return PodChanged(kind="ADDED", pod=pod)
+
+
+def _stored(seq: int, event: AllocationReleased | GpuHealthChanged) -> StoredEvent:
+    return StoredEvent(seq=seq, recorded_at=1_700_000_000_000_000_000 + seq, stream_id="s", version=seq,
+                       event_id=f"{seq:032x}", command_id=f"cmd-{seq}", event=event)
+
+
+async def _collect(received: list, count: int) -> None:
+    async with asyncio.timeout(5):
+        while len(received) < count:  # noqa: ASYNC110 (filled by the subscription's callback)
+            await asyncio.sleep(0.01)
+
+
+async def test_subscribe_decodes_into_the_type_and_skips_what_does_not_decode(nats_server: NatsServer) -> None:
+    bus = await Bus.connect(nats_server.url, name="t", node="n1")
+    publisher = await nats.connect(nats_server.url, name="publisher")  # a plain client: any bytes at all
+    received: list[PodChanged] = []
+
+    async def on_change(change: PodChanged) -> None:
+        received.append(change)
+
+    try:
+        subject = bus.subjects.pod_fact("*")
+        await bus.subscribe(subject, PodChanged, on_change)
+        await bus.flush()
+        with structlog.testing.capture_logs() as logs:
+            await publisher.publish(bus.subjects.pod_fact("added"), b"{not json")
+            await publisher.publish(bus.subjects.pod_fact("added"), b'{"kind": "ADDED"}')  # no pod
+            await publisher.publish(bus.subjects.pod_fact("added"), msgspec.json.encode(_pod_changed("good")))
+            await publisher.flush()
+            await _collect(received, 1)
+    finally:
+        await publisher.close()
+        await bus.close()
+    assert received == [_pod_changed("good")]
+    skipped = [e for e in logs if e["event"] == "unreadable message"]
+    assert [(e["subject"], e["type"], e["log_level"]) for e in skipped] == [
+        (bus.subjects.pod_fact("added"), "PodChanged", "warning")] * 2
+
+
+async def test_subscribe_events_hands_over_stored_events(nats_server: NatsServer) -> None:
+    bus = await Bus.connect(nats_server.url, name="t", node="node.a")
+    publisher = await nats.connect(nats_server.url, name="publisher")
+    received: list[StoredEvent] = []
+
+    async def on_event(stored: StoredEvent) -> None:
+        received.append(stored)
+
+    released = _stored(7, AllocationReleased(alloc_id="a1", pod_uid="p1", container="c", reason="deleted"))
+    health = _stored(8, GpuHealthChanged(index=0, uuid="GPU-0", healthy=False, reason="xid", xid=79))
+    unknown = {**msgspec.to_builtins(to_record(released)), "seq": 9, "type": "alloc.teleported"}
+    try:
+        for subject in bus.subjects.event_subjects():
+            await bus.subscribe_events(subject, on_event)
+        await bus.flush()
+        with structlog.testing.capture_logs() as logs:
+            # as the outbox relay publishes them: the JSON record on the event's own subject
+            await publisher.publish(bus.subjects.event(released.type), msgspec.json.encode(to_record(released)))
+            await publisher.publish(bus.subjects.event("alloc.released"), b"[]")  # not a record
+            await publisher.publish(bus.subjects.event("alloc.released"), msgspec.json.encode(unknown))
+            await publisher.publish(bus.subjects.event(health.type), msgspec.json.encode(to_record(health)))
+            await publisher.flush()
+            await _collect(received, 2)
+    finally:
+        await publisher.close()
+        await bus.close()
+    assert received == [released, health]
+    skipped = [e for e in logs if e["event"] == "unreadable event"]
+    assert [e["subject"] for e in skipped] == [bus.subjects.event("alloc.released")] * 2
+    assert "alloc.teleported" in skipped[1]["error"]
+
+
+async def test_the_bus_reports_its_connection(nats_server: NatsServer) -> None:
+    bus = await Bus.connect(nats_server.url, name="t", node="n1")
+    assert not bus.is_closed and bus.reconnects == 0
+    await bus.close()
+    assert bus.is_closed
+    await bus.close()  # a second close is harmless
