@@ -185,7 +185,7 @@ class Relay:
         self.rebuilds += 1
         notice = StreamRebuilt(node=subjects.node, stream=subjects.stream, cause=cause,
                                log_last_seq=self.log.last_seq, stream_last_seq_before=stream_last, at=at)
-        await self.bus.nc.publish(rebuilt_subject(self.bus), msgspec.json.encode(notice))
+        await self.bus.publish(rebuilt_subject(self.bus), notice)
         self.published = 0
         self._synced.set()
         self._wake.set()

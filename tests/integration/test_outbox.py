@@ -7,7 +7,6 @@ import contextlib
 import shutil
 from pathlib import Path
 
-import msgspec
 
 from libs.bus import Bus, LogFollower, NatsServer, Relay
 from libs.bus.outbox import REBUILT_METADATA, StreamRebuilt, rebuilt_subject
@@ -109,10 +108,10 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
 async def rebuilt_notices(bus: Bus) -> tuple[list[StreamRebuilt], object]:
     seen: list[StreamRebuilt] = []
 
-    async def on_msg(msg: object) -> None:
-        seen.append(msgspec.json.decode(msg.data, type=StreamRebuilt))  # type: ignore[attr-defined]
+    async def on_notice(notice: StreamRebuilt) -> None:
+        seen.append(notice)
 
-    sub = await bus.nc.subscribe(rebuilt_subject(bus), cb=on_msg)
+    sub = await bus.subscribe(rebuilt_subject(bus), StreamRebuilt, on_notice)
     return seen, sub
 
 
