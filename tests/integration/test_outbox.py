@@ -7,7 +7,6 @@ import contextlib
 import shutil
 from pathlib import Path
 
-
 from libs.bus import Bus, LogFollower, NatsServer, Relay
 from libs.bus.outbox import REBUILT_METADATA, StreamRebuilt, rebuilt_subject
 from libs.store import EventLog
