@@ -53,14 +53,14 @@ def summary(stored: StoredEvent) -> str:
                 f"memory={ev.memory // MIB}MiB on {gpus}")
     if isinstance(ev, AllocationReleased):
         return f"pod={ev.pod_uid} container={ev.container} reason={ev.reason}"
-    if isinstance(ev, AllocationCorrected):  # issue 3
+    if isinstance(ev, AllocationCorrected):  # pod identity
         return (f"{ev.namespace}/{ev.pod_name} container={ev.container} memory={ev.memory // MIB}MiB "
                 f"(was pod={ev.previous_pod_uid} container={ev.previous_container}; {ev.reason})")
     if isinstance(ev, AllocationRefused):
         return f"{ev.device_count} x {ev.resource}: {ev.reason}"
     if isinstance(ev, InventoryRecorded):
         return f"node={ev.node} backend={ev.backend} gpus={len(ev.gpus)} driver={ev.driver_version or '-'}"
-    if isinstance(ev, GpuHealthChanged):  # issue 7
+    if isinstance(ev, GpuHealthChanged):  # GPU health
         return f"GPU{ev.index} {'healthy' if ev.healthy else 'UNHEALTHY'} reason={ev.reason}" + (
             f" xid={ev.xid}" if ev.xid else "") + (f" ({ev.detail})" if ev.detail else "")
     return ""

@@ -65,12 +65,12 @@ def agent_options(fn: F) -> F:
              help="Seconds the kubelet's Allocate may wait for the allocator before it gets an error."),
         _opt("--request-timeout", env="GPULEDGER_REQUEST_TIMEOUT", type=float, default=5.0, show_default=True,
              help="Seconds any internal request between services may take."),
-        # issue 5: gpu-manager's --node-labels and --allocation-check-period
+        # Kubernetes integration: gpu-manager's --node-labels and --allocation-check-period
         _opt("--node-labels", env="GPULEDGER_NODE_LABELS", default="",
              help="Labels the watchdog keeps on the node, k=v,k2=v2 (the GPU model label is always set)."),
         _opt("--allocation-check-period", env="GPULEDGER_ALLOCATION_CHECK_PERIOD", type=float, default=30.0,
              show_default=True, help="Seconds between reconciliations of allocations against the node's pods."),
-        # issue 7: metrics, status view and GPU health
+        # Observability: metrics, status view and GPU health
         _opt("--metrics-port", env="GPULEDGER_METRICS_PORT", type=click.IntRange(0, 65532), default=5678,
              show_default=True, help="Base HTTP port for /metrics: allocator (also /graph, /usage, /version) "
              "on it, registrar +1, vmanager +2, watchdog +3; 0 turns the servers off."),
@@ -88,7 +88,7 @@ def agent_options(fn: F) -> F:
              default=3, show_default=True, help="...and this many clean NVML probes in a row."),
         _opt("--health-check-interval", env="GPULEDGER_HEALTH_CHECK_INTERVAL", type=float, default=10.0,
              show_default=True, help="Seconds between the probes of an unhealthy GPU."),
-        # issue 4: limit delivery, pid discovery, caller checks, driver volumes
+        # Limit delivery, pid discovery, caller checks, driver volumes
         _opt("--limit-delivery", env="GPULEDGER_LIMIT_DELIVERY", type=click.Choice(["vcuda", "hami-core"]),
              default="vcuda", show_default=True,
              help="How containers get their limits: gpu-manager's vcuda.config, or HAMi-core's environment."),
@@ -111,7 +111,7 @@ def agent_options(fn: F) -> F:
              help="libcuda-control.so for the share volume [default: found through the ld.so.cache]."),
         _opt("--driver-volumes/--no-driver-volumes", env="GPULEDGER_DRIVER_VOLUMES", default=True,
              show_default=True, help="Build VDRIVER_DIR/nvidia and origin when the vmanager starts."),
-        # issue 3: pod identity check period, gpu-manager's extra config
+        # Pod identity check period, gpu-manager's extra config
         _opt("--identity-check-period", env="GPULEDGER_IDENTITY_CHECK_PERIOD", type=float, default=30.0,
              show_default=True,
              help="Seconds between checks of every grant against the kubelet's pod-resources record "

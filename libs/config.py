@@ -43,10 +43,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     request_timeout: float = 5.0    # internal service-to-service requests
     log_format: str = "auto"
     log_level: str = "info"
-    # issue 5: gpu-manager's --node-labels and --allocation-check-period
+    # Kubernetes integration: gpu-manager's --node-labels and --allocation-check-period
     node_labels: str = ""   # k=v,k2=v2: labels the watchdog keeps on the node (plus the GPU model label)
     allocation_check_period: float = 30.0  # seconds between reconciliations (allocations vs pods)
-    # issue 7: metrics, status view and GPU health
+    # Observability: metrics, status view and GPU health
     metrics_port: int = 0                # base port: allocator +0, registrar +1, vmanager +2, watchdog +3; 0 = off
     metrics_host: str = "0.0.0.0"
     usage_interval: float = 5.0          # seconds between background NVML usage samples (never per scrape)
@@ -55,7 +55,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     health_recovery_seconds: float = 60.0  # an unhealthy GPU needs this long without a critical event...
     health_recovery_checks: int = 3        # ...and this many clean NVML probes in a row to be healthy again
     health_check_interval: float = 10.0    # seconds between probes of unhealthy GPUs
-    # issue 4: limit delivery (vcuda | hami-core), pid discovery, caller checks, driver volumes
+    # Limit delivery (vcuda | hami-core), pid discovery, caller checks, driver volumes
     limit_delivery: str = "vcuda"            # vcuda: gpu-manager's vcuda.config; hami-core: HAMi-core's env
     cgroup_root: str = "/sys/fs/cgroup"      # where the host's cgroup hierarchies are mounted
     proc_root: str = "/proc"                 # the host's /proc (the vmanager runs with hostPID)
@@ -66,7 +66,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     driver_bin_dirs: str = "/usr/bin:/usr/local/bin:/usr/local/nvidia/bin"  # NVIDIA binaries, ':'-separated
     vcuda_control_library: str = ""          # libcuda-control.so; empty: found through ld.so.cache
     driver_volumes: bool = True              # build <vdriver>/nvidia and origin at vmanager start
-    # issue 3: grants are checked against the kubelet's pod-resources at PreStartContainer and every
+    # Pod identity: grants are checked against the kubelet's pod-resources at PreStartContainer and every
     # identity_check_period seconds (0: only at PreStartContainer); extra_config is gpu-manager's
     # --extra-config JSON, whose "default" devices go into every Allocate response
     identity_check_period: float = 30.0

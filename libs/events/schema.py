@@ -161,7 +161,7 @@ class AllocationRefused(Event, tag="alloc.refused", kw_only=True):
         return f"pod:{self.pod_uid}" if self.pod_uid else "refusals"
 
 
-# issue 7: GPU health.
+# GPU health.
 class GpuHealthChanged(Event, tag="gpu.health", kw_only=True):
     """A GPU became unhealthy (a critical XID or ECC event, a failing NVML query) or recovered.
 

@@ -63,7 +63,7 @@ class GpuUsage(msgspec.Struct, kw_only=True):
     cores_used: int = 0
     memory_used: int = 0
     alloc_ids: list[str] = msgspec.field(default_factory=list)
-    healthy: bool = True        # issue 7: folded from gpu.health events
+    healthy: bool = True        # folded from gpu.health events
     health_reason: str = ""     # why it is unhealthy (empty when healthy)
 
     @property

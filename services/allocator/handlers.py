@@ -119,7 +119,7 @@ class Allocator:
         try:
             try:
                 return await self._allocate(req)
-            except NoRoom:  # room that only dead pods hold is room: free it, then place again (issue 13)
+            except NoRoom:  # room that only dead pods hold is room: free it, then place again
                 if not await self._release_gone_holders():
                     raise
                 return await self._allocate(req)

@@ -32,7 +32,7 @@ class NoRoom(ServiceError):
 def place(
     gpus: Sequence[GpuUsage], links: Links, *, cores: int, memory: int, share_mode: bool
 ) -> tuple[GpuShare, ...]:
-    gpus = [g for g in gpus if g.healthy]  # issue 7: never place on a GPU marked unhealthy
+    gpus = [g for g in gpus if g.healthy]  # never place on a GPU marked unhealthy
     if cores <= 0:
         raise ServiceError(400, f"a request needs at least 1 vcuda-core unit, got {cores}")
     if cores < 100:

@@ -30,7 +30,7 @@ def build_response(
     vdriver_root: Path,
     compat32: bool = False,
     extra_devices: Sequence[str] = (),
-    hami: HamiDelivery | None = None,  # issue 4: limit_delivery=hami-core
+    hami: HamiDelivery | None = None,  # limit_delivery=hami-core
     container: str = "",
 ) -> ContainerResponse:
     device_paths = [f"/dev/nvidia{s.minor}" for s in shares]

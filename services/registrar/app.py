@@ -33,7 +33,7 @@ class RegistrarService:
     catalog: DeviceCatalog
     kubelet: KubeletRegistration
     supervisor: Supervisor
-    health: DeviceHealth | None = None  # issue 7
+    health: DeviceHealth | None = None  # GPU health in ListAndWatch
 
 
 async def _load_catalog(bus: Bus, catalog: DeviceCatalog, timeout: float) -> None:
@@ -71,7 +71,7 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         supervisor = Supervisor("registrar")
         stack.push_async_callback(supervisor.aclose)
         catalog = DeviceCatalog()
-        health = DeviceHealth(catalog)  # issue 7: GPU health in ListAndWatch, metrics
+        health = DeviceHealth(catalog)  # GPU health in ListAndWatch, metrics
         plugins = [DevicePlugin(r, catalog, bus, settings, health=health) for r in (RESOURCE_VCORE, RESOURCE_VMEMORY)]
         kubelet = KubeletRegistration(Path(settings.device_plugin_dir), plugins)
         await stack.enter_async_context(observe(settings, plugins, catalog, health))

@@ -61,7 +61,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)
         supervisor = Supervisor("vmanager")
         stack.push_async_callback(supervisor.aclose)
-        await stack.enter_async_context(observe(settings, tracker, sockets))  # issue 7: /metrics
+        await stack.enter_async_context(observe(settings, tracker, sockets))  # /metrics
         supervisor.spawn(tracker.run(), "follow")
         sub = await bus.serve(bus.subjects.prepare, PrepareRequest,
                               Prepare(tracker, sockets, timeout=settings.request_timeout))

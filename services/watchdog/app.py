@@ -46,7 +46,7 @@ async def service(settings: Settings, *, reconcile_period: float | None = None) 
             kubelet=KubeletPods(settings.pod_resources_socket, settings.request_timeout),
         )
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))
-        await stack.enter_async_context(observe(settings, source))  # issue 7: /metrics
+        await stack.enter_async_context(observe(settings, source))  # /metrics
         supervisor = Supervisor("watchdog")
         stack.push_async_callback(supervisor.aclose)
         supervisor.spawn(source.run(recycler.on_change), "pod-watch")

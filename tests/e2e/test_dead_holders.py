@@ -1,4 +1,4 @@
-"""Never refused for room that only dead pods hold (issue 13, item 3).
+"""Never refused for room that only dead pods hold.
 
 A pod deleted while its release cannot be recorded (here: the allocator is down when the watchdog sees
 the deletion, and the watchdog's reconciliation is far away) keeps its GPUs in the ledger. A new pod
