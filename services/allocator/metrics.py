@@ -24,8 +24,8 @@ from prometheus_client.registry import Collector
 from libs.bus.outbox import Relay
 from libs.config import Settings
 from libs.errors import ServiceError
+from libs.gpu.backends import open_monitor
 from libs.gpu.inventory import Inventory
-from libs.gpu.monitor import open_monitor
 from libs.ledger.state import LedgerState
 from libs.metrics import MetricsServer, Route, serving, timed
 from libs.runtime import Supervisor
