@@ -28,9 +28,9 @@ from libs.events.schema import (
     GpuShare,
     InventoryRecorded,
 )
+from libs.placement.responses import build_response
 from libs.store.log import create_schema
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
-from services.allocator.responses import build_response
 
 __all__ = ["GPUS", "START_NS", "synthetic", "write_log"]
 

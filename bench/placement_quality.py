@@ -3,7 +3,7 @@
 For each topology and seed, a random trace of pod arrivals (and, in the "churn" traces, departures)
 is run through `gpuledger.simulation.Simulation` (the code path of ``gpuledger simulate``: the
 kubelet's device-ID count, then a placer over the allocator's LedgerState) twice: with our placer
-(`services.allocator.placement.place`, gpu-manager's evaluators + NVLink) and with a naive first-fit
+(`libs.placement.placement.place`, gpu-manager's evaluators + NVLink) and with a naive first-fit
 (fractions on the lowest-index GPU that fits, whole GPUs on the lowest-index idle ones). Measured per
 trace: arrivals placed before the first refusal, and the utilisation (cores held / node cores) at
 that moment. The offline bound is the most arrivals any placement, knowing the whole trace, could
@@ -38,7 +38,7 @@ from libs.gpu.fake import PROFILES_DIR, FakeBackend
 from libs.gpu.inventory import Inventory
 from libs.kube.pods import Pod
 from libs.ledger.state import GpuUsage
-from services.allocator.placement import Links, place, topology
+from libs.placement.placement import Links, place, topology
 
 TOPOLOGIES = {
     # name: (profile, whole-GPU multiples a multi-GPU pod asks for, with weights)

@@ -30,8 +30,8 @@ from libs.errors import GpuledgerError, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import AllocationImported, GpuInfo, GpuShare, InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE
+from libs.placement.responses import build_response
 from libs.store import EventLog
-from services.allocator.responses import build_response
 
 __all__ = ["CheckpointError", "ImportResult", "import_checkpoint", "plan_import"]
 

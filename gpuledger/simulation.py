@@ -10,7 +10,7 @@ text the pod's ``UnexpectedAdmissionError`` would carry, and the pod's earlier g
 watchdog recycles a rejected pod).
 
 Each grant carries the kubelet's device IDs, as the allocator records them, so the allocator's own
-reuse rule applies (``services.allocator.reuse``, ``LedgerState._absorb_reused``): an app container
+reuse rule applies (``libs.placement.reuse``, ``LedgerState._absorb_reused``): an app container
 that reuses its init containers' devices goes on their GPUs and takes over their hold (charged once).
 Used by ``gpuledger simulate`` and by bench/placement_quality.py.
 """
@@ -36,8 +36,8 @@ from libs.events.schema import (
 from libs.gpu.inventory import Inventory
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, Container, Pod
 from libs.ledger.state import GpuUsage, LedgerState
-from services.allocator.placement import Links, place
-from services.allocator.reuse import place_on_reused, reuse_view
+from libs.placement.placement import Links, place
+from libs.placement.reuse import place_on_reused, reuse_view
 
 __all__ = ["Placer", "Simulation", "admission_error"]
 

@@ -3,6 +3,7 @@
 from libs.events.codec import EventRecord, StoredEvent, from_record, register_upcaster, to_record
 from libs.events.schema import (
     EVENT_TYPES,
+    AllocationCorrected,
     AllocationGranted,
     AllocationImported,
     AllocationRefused,
@@ -11,6 +12,7 @@ from libs.events.schema import (
     ContainerResponse,
     DeviceNode,
     Event,
+    GpuHealthChanged,
     GpuInfo,
     GpuShare,
     InventoryRecorded,
@@ -20,6 +22,7 @@ from libs.events.subjects import Subjects, escape_token, unescape_token
 
 __all__ = [
     "EVENT_TYPES",
+    "AllocationCorrected",
     "AllocationGranted",
     "AllocationImported",
     "AllocationRefused",
@@ -29,6 +32,7 @@ __all__ = [
     "DeviceNode",
     "Event",
     "EventRecord",
+    "GpuHealthChanged",
     "GpuInfo",
     "GpuShare",
     "InventoryRecorded",

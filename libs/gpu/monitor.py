@@ -1,8 +1,8 @@
 """Watching the GPUs while the agent runs: usage samples, health probes and NVML events.
 
 `GpuMonitor` is what the allocator keeps open for its lifetime (`Inventory` is read once at start).
-Every method blocks (NVML is ctypes): callers use a thread. `open_monitor(inventory)` picks NVML or
-the fake monitor by the inventory's backend.
+Every method blocks (NVML is ctypes): callers use a thread. `backends.open_monitor(inventory)` picks
+NVML or the fake monitor by the inventory's backend.
 
 The fake monitor is deterministic: a GPU is idle (0 % and 0 bytes used) until processes are put on
 it with ``set_processes``; its events and probe failures are injected (the allocator does it on the
@@ -33,7 +33,6 @@ __all__ = [
     "apply_injection",
     "container_id_of",
     "inject_subject",
-    "open_monitor",
 ]
 
 # The last 64-hex token of a cgroup path is the container ID for docker, containerd and cri-o
@@ -141,16 +140,6 @@ class FakeMonitor:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def open_monitor(inventory: Inventory, proc: Path = Path("/proc")) -> GpuMonitor:
-    """The monitor for the backend the inventory came from (NVML stays initialised until close).
-    ``proc`` is the host's /proc (``--proc-root``), where GPU processes are matched to containers."""
-    if inventory.backend == "nvml":
-        from libs.gpu.nvml_monitor import NvmlMonitor
-
-        return NvmlMonitor(inventory, proc=proc)
-    return FakeMonitor(inventory)
 
 
 # --- the fake backend's injection command (``gpuledger gpu inject-xid``) ---

@@ -3,13 +3,15 @@
 ``LedgerState`` keeps everything the allocator needs to answer (the full Allocate response of every
 live allocation). An audit needs much less, and replaying a million events must stay under two
 seconds, so this fold reads narrow *views* of the events: msgspec decodes only the fields listed
-below and skips the rest of each body (the stored response, the kubelet device IDs) without building
-objects for it. Event types the view does not know are decoded in full and passed to ``on_other``.
+in ``libs.ledger.views`` and skips the rest of each body (the stored response, the kubelet device IDs)
+without building objects for it. Event types the view does not know are decoded in full and passed to
+``on_other``.
 
 It folds every event type that changes holdings exactly as ``LedgerState`` does: grants, imports,
 releases, corrections (``alloc.corrected`` moves a grant to its real owner), an app container taking
 over its init container's hold (the kubelet device IDs are read from the rows only for a pod that has
-a charged init-container grant), inventories and GPU health.
+a charged init-container grant), inventories and GPU health. The rules themselves live in
+``libs.ledger.rules``, shared with ``LedgerState``.
 
     view = audit_replay(path, upto_seq=120)       # or upto_time=ns
     view.holders()                                # [Holding], oldest grant first
@@ -18,96 +20,30 @@ a charged init-container grant), inventories and GPU health.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import msgspec
 
 from libs.events.codec import StoredEvent
-from libs.events.schema import (
-    EVENT_TYPES,
-    AllocationCorrected,
-    AllocationGranted,
-    AllocationImported,
-    AllocationReleased,
-    GpuHealthChanged,
-    GpuInfo,
-    GpuShare,
-    InventoryRecorded,
+from libs.events.schema import AllocationGranted, GpuInfo, GpuShare
+from libs.ledger.rules import move_to_real_owner, takes_over
+from libs.ledger.views import (
+    CorrectionView,
+    GrantView,
+    HealthView,
+    ImportView,
+    InventoryView,
+    ReleaseView,
+    View,
+    iter_views,
+    view_of,
 )
-from libs.store.replay import iter_rows, last_seq_wanted, open_reader
+from libs.store.replay import last_seq_wanted, open_reader
 from libs.store.rows import COLUMNS, row_to_stored
 
-__all__ = ["AuditView", "GpuHolding", "Holding", "audit_replay", "grant_device_ids", "iter_views"]
-
-
-class _Granted(msgspec.Struct, frozen=True, gc=False, tag="alloc.granted"):
-    alloc_id: str
-    request_id: str
-    pod_uid: str
-    namespace: str
-    pod_name: str
-    container: str
-    cores: int
-    memory: int
-    shares: tuple[GpuShare, ...]
-    init_container: bool = False
-    core_limit: int | None = None
-
-
-class _Imported(_Granted, frozen=True, gc=False, tag="alloc.imported"):
-    source: str = ""
-
-
-class _Released(msgspec.Struct, frozen=True, gc=False, tag="alloc.released"):
-    alloc_id: str
-    pod_uid: str
-    container: str
-    reason: str
-
-
-class _Inventory(msgspec.Struct, frozen=True, gc=False, tag="inventory.recorded"):
-    node: str
-    gpus: tuple[GpuInfo, ...]
-
-
-class _Corrected(msgspec.Struct, frozen=True, gc=False, tag="alloc.corrected"):
-    alloc_id: str
-    pod_uid: str
-    namespace: str
-    pod_name: str
-    container: str
-    memory: int
-    shares: tuple[GpuShare, ...]
-    previous_pod_uid: str
-    previous_container: str
-    init_container: bool = False
-    core_limit: int | None = None
-    reason: str = "pod-resources"
-
-
-class _Health(msgspec.Struct, frozen=True, gc=False, tag="gpu.health"):
-    index: int
-    uuid: str
-    healthy: bool
-    reason: str
-    xid: int = 0
-    detail: str = ""
-
-    @property
-    def why(self) -> str:
-        """Why the GPU is unhealthy, as ``GpuUsage.health_reason`` spells it ("" when healthy)."""
-        if self.healthy:
-            return ""
-        return f"xid {self.xid}" if self.reason == "xid" else self.reason
-
-
-_VIEWS = (_Granted, _Imported, _Released, _Inventory, _Corrected, _Health)
-_VIEW_TAGS = {cls.__struct_config__.tag for cls in _VIEWS}
-_decode_view = msgspec.msgpack.Decoder(_Granted | _Imported | _Released | _Inventory | _Corrected | _Health).decode
-
-View = _Granted | _Released | _Inventory | _Corrected | _Health
+__all__ = ["AuditFold", "AuditView", "GpuHolding", "Holding", "audit_replay", "grant_device_ids"]
 
 
 class Holding(msgspec.Struct, kw_only=True):
@@ -154,47 +90,7 @@ class AuditView(msgspec.Struct, kw_only=True):
     allocations: list[Holding]
 
 
-def iter_views(
-    conn: sqlite3.Connection, *, after_seq: int = 0, upto_seq: int | None = None
-) -> Iterator[tuple[int, int, View | StoredEvent]]:
-    """(seq, recorded_at, view) in seq order; types without a view come as a full ``StoredEvent``."""
-    # Only the columns the views need: each extra column costs ~10% of the scan. The rare row that
-    # needs the full decode (an old schema version, a type without a view) is read again by seq.
-    current = {tag: EVENT_TYPES[tag].SCHEMA for tag in _VIEW_TAGS if tag in EVENT_TYPES}
-    for seq, at, type_name, schema_v, payload in iter_rows(
-        conn, "seq, recorded_at, type, schema_v, payload", after_seq=after_seq, upto_seq=upto_seq
-    ):
-        if current.get(type_name) == schema_v:
-            yield seq, at, _decode_view(payload)
-        else:
-            row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
-            yield seq, at, row_to_stored(row)
-
-
-def _from_full(ev: AllocationGranted) -> _Granted:
-    """The view of a grant read on the full path (an older schema version, upcast)."""
-    fields = {f: getattr(ev, f) for f in _Granted.__struct_fields__}
-    if isinstance(ev, AllocationImported):
-        return _Imported(**fields, source=ev.source)
-    return _Granted(**fields)
-
-
-def _view_of(stored: StoredEvent) -> View | StoredEvent:
-    ev = stored.event
-    if isinstance(ev, AllocationGranted):
-        return _from_full(ev)
-    if isinstance(ev, AllocationReleased):
-        return _Released(alloc_id=ev.alloc_id, pod_uid=ev.pod_uid, container=ev.container, reason=ev.reason)
-    if isinstance(ev, InventoryRecorded):
-        return _Inventory(node=ev.node, gpus=ev.gpus)
-    if isinstance(ev, AllocationCorrected):
-        return _Corrected(**{f: getattr(ev, f) for f in _Corrected.__struct_fields__})
-    if isinstance(ev, GpuHealthChanged):
-        return _Health(**{f: getattr(ev, f) for f in _Health.__struct_fields__})
-    return stored
-
-
-class _Fold:
+class AuditFold:
     """``LedgerState``'s fold over the views; GPU usage is summed once, at the end.
 
     ``device_ids(seq)`` reads a grant's kubelet device IDs from its row: the views leave them out
@@ -208,53 +104,53 @@ class _Fold:
         self.time = 0
         self.node = ""
         self.gpus: tuple[GpuInfo, ...] = ()
-        self.live: dict[str, tuple[int, int, _Granted]] = {}  # alloc_id -> (seq, at, grant as now owned)
+        self.live: dict[str, tuple[int, int, GrantView]] = {}  # alloc_id -> (seq, at, grant as now owned)
         self.inits: dict[str, set[str]] = {}   # pod_uid -> its charged init-container grants
         self.uncharged: set[str] = set()       # grants handed on to a later container of the pod
         self.corrected: dict[str, int] = {}    # alloc_id -> seq of its last correction
-        self.health: dict[str, _Health] = {}   # GPU uuid -> last transition
+        self.health: dict[str, HealthView] = {}  # GPU uuid -> last transition
 
     def apply(self, seq: int, at: int, view: View | StoredEvent) -> None:
-        if isinstance(view, _Granted):  # the common types first: this runs a million times a second
+        if isinstance(view, GrantView):  # the common types first: this runs a million times a second
             if view.init_container:
                 self.inits.setdefault(view.pod_uid, set()).add(view.alloc_id)
             elif view.pod_uid in self.inits:
                 self._absorb(seq, view)
             self.live[view.alloc_id] = (seq, at, view)
-        elif isinstance(view, _Released):
+        elif isinstance(view, ReleaseView):
             gone = self.live.pop(view.alloc_id, None)
             if gone is not None and gone[2].init_container:
                 self._forget_init(gone[2])
-        elif isinstance(view, _Inventory):
+        elif isinstance(view, InventoryView):
             self.node, self.gpus = view.node, view.gpus
-        elif isinstance(view, _Corrected):
+        elif isinstance(view, CorrectionView):
             self._correct(seq, view)
-        elif isinstance(view, _Health):
+        elif isinstance(view, HealthView):
             self.health[view.uuid] = view
         elif isinstance(view, StoredEvent):  # an older schema version, or a type that changes no holding
-            full = _view_of(view)
+            full = view_of(view)
             if full is not view:
                 self.apply(seq, at, full)
                 return
         self.seq, self.time = seq, at
 
-    def _absorb(self, seq: int, grant: _Granted) -> None:
+    def _absorb(self, seq: int, grant: GrantView) -> None:
         """As ``LedgerState._absorb_reused``: the app container takes over the init grants whose
-        kubelet device IDs it shares."""
+        kubelet device IDs it shares (``rules.takes_over``)."""
         mine = set(self.device_ids(seq))
         for alloc_id in list(self.inits[grant.pod_uid]):
-            if mine & set(self.device_ids(self.live[alloc_id][0])):
+            if takes_over(mine, self.device_ids(self.live[alloc_id][0])):
                 self.uncharged.add(alloc_id)
                 self._forget_init(self.live[alloc_id][2])
 
-    def _forget_init(self, grant: _Granted) -> None:
+    def _forget_init(self, grant: GrantView) -> None:
         held = self.inits.get(grant.pod_uid)
         if held is not None:
             held.discard(grant.alloc_id)
             if not held:
                 del self.inits[grant.pod_uid]
 
-    def _correct(self, seq: int, ev: _Corrected) -> None:
+    def _correct(self, seq: int, ev: CorrectionView) -> None:
         """As ``LedgerState._correct``: the grant now belongs to the real owner; the cores, kubelet
         device IDs and whether it is charged stay."""
         old = self.live.get(ev.alloc_id)
@@ -263,9 +159,7 @@ class _Fold:
         granted_seq, at, grant = old
         if grant.init_container:
             self._forget_init(grant)
-        moved = msgspec.structs.replace(
-            grant, pod_uid=ev.pod_uid, namespace=ev.namespace, pod_name=ev.pod_name, container=ev.container,
-            init_container=ev.init_container, memory=ev.memory, shares=ev.shares, core_limit=ev.core_limit)
+        moved = move_to_real_owner(grant, ev)
         self.live[ev.alloc_id] = (granted_seq, at, moved)
         self.corrected[ev.alloc_id] = seq
         if moved.init_container and ev.alloc_id not in self.uncharged:
@@ -277,7 +171,7 @@ class _Fold:
             Holding(alloc_id=g.alloc_id, pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name,
                     container=g.container, init_container=g.init_container, cores=g.cores, memory=g.memory,
                     shares=g.shares, since=at, granted_seq=seq, request_id=g.request_id,
-                    source=g.source if isinstance(g, _Imported) else "allocate", core_limit=g.core_limit,
+                    source=g.source if isinstance(g, ImportView) else "allocate", core_limit=g.core_limit,
                     charged=g.alloc_id not in uncharged, corrected_seq=corrected.get(g.alloc_id, 0))
             for seq, at, g in sorted(self.live.values(), key=lambda t: t[0])
         ]
@@ -328,7 +222,7 @@ def audit_replay(
     conn = open_reader(path)
     try:
         upto_seq = last_seq_wanted(conn, upto_seq, upto_time)
-        fold = _Fold(partial(grant_device_ids, conn))
+        fold = AuditFold(partial(grant_device_ids, conn))
         apply = fold.apply
         for seq, at, view in iter_views(conn, upto_seq=upto_seq):
             apply(seq, at, view)

@@ -30,6 +30,7 @@ from pathlib import Path
 import msgspec
 
 from libs.events import codec, schema
+from libs.ledger import rules
 from libs.ledger import state as state_module
 from libs.ledger.state import LedgerState
 from libs.log import get_logger
@@ -74,7 +75,7 @@ def snapshot_path(log_path: Path) -> Path:
 
 # Every module whose code decides what the pickled state holds: the fold and all it reads events with
 # (tests/audit/test_snapshots.py checks that each libs module they import is listed or fold-neutral).
-FOLD_MODULES = (schema, codec, rows, state_module)
+FOLD_MODULES = (schema, codec, rows, rules, state_module)
 
 
 def code_rev() -> str:

@@ -20,6 +20,7 @@ from libs.events.schema import (
     GpuShare,
     InventoryRecorded,
 )
+from libs.ledger.rules import health_reason, move_to_real_owner, takes_over
 
 __all__ = ["Allocation", "GpuUsage", "LedgerSnapshot", "LedgerState"]
 
@@ -133,8 +134,9 @@ class LedgerState:
 
     def _absorb_reused(self, alloc: Allocation) -> None:
         """An app container whose kubelet device IDs include an init container's of the same pod
-        takes over that init container's hold: the init container has run to completion by the
-        time the app container starts, so the GPUs are charged once, for the later container."""
+        takes over that init container's hold (``rules.takes_over``): the init container has run to
+        completion by the time the app container starts, so the GPUs are charged once, for the later
+        container."""
         if alloc.init_container:
             return
         ids = set(alloc.device_ids)
@@ -146,7 +148,7 @@ class LedgerState:
         """The pod's charged init-container allocations sharing kubelet device IDs with these."""
         return [
             a for a in self.allocations.values()
-            if a.pod_uid == pod_uid and a.init_container and a.charged and device_ids & set(a.device_ids)
+            if a.pod_uid == pod_uid and a.init_container and a.charged and takes_over(device_ids, a.device_ids)
         ]
 
     def _correct(self, ev: AllocationCorrected, seq: int) -> None:
@@ -155,11 +157,8 @@ class LedgerState:
             return  # released meanwhile; nothing to move
         if old.charged:
             self._charge(old, -1)
-        new = msgspec.structs.replace(
-            old, pod_uid=ev.pod_uid, namespace=ev.namespace, pod_name=ev.pod_name, container=ev.container,
-            container_index=ev.container_index, init_container=ev.init_container, memory=ev.memory,
-            shares=ev.shares, core_limit=ev.core_limit, response=ev.response, corrected_seq=seq,
-        )
+        # The real owner and its limits move (``rules.CORRECTION_MOVES``); cores, device IDs, charged stay.
+        new = msgspec.structs.replace(move_to_real_owner(old, ev), corrected_seq=seq)
         self.allocations[ev.alloc_id] = new
         if new.charged:
             self._charge(new, +1)
@@ -192,8 +191,7 @@ class LedgerState:
         for gpu in self.gpus.values():
             ev = self.health.get(gpu.uuid)
             gpu.healthy = ev is None or ev.healthy
-            gpu.health_reason = "" if gpu.healthy or ev is None else (
-                f"xid {ev.xid}" if ev.reason == "xid" else ev.reason)
+            gpu.health_reason = health_reason(ev)
 
     # --- queries ---
     def pod_allocations(self, pod_uid: str) -> list[Allocation]:

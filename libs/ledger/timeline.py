@@ -16,7 +16,15 @@ import msgspec
 
 from libs.events.codec import StoredEvent, format_time
 from libs.events.schema import GpuShare
-from libs.ledger.holdings import _Corrected, _Granted, _Health, _Imported, _Inventory, _Released, iter_views
+from libs.ledger.views import (
+    CorrectionView,
+    GrantView,
+    HealthView,
+    ImportView,
+    InventoryView,
+    ReleaseView,
+    iter_views,
+)
 from libs.store.replay import open_reader
 
 __all__ = ["Entry", "gpu_history", "pod_history"]
@@ -42,9 +50,9 @@ class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
         return format_time(self.recorded_at)
 
 
-def _grant_entry(seq: int, at: int, g: _Granted) -> Entry:
-    detail = f"imported from {g.source}" if isinstance(g, _Imported) else ""
-    return Entry(seq=seq, recorded_at=at, type="alloc.imported" if isinstance(g, _Imported) else "alloc.granted",
+def _grant_entry(seq: int, at: int, g: GrantView) -> Entry:
+    detail = f"imported from {g.source}" if isinstance(g, ImportView) else ""
+    return Entry(seq=seq, recorded_at=at, type="alloc.imported" if isinstance(g, ImportView) else "alloc.granted",
                  pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                  alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=g.request_id,
                  detail=detail)
@@ -60,14 +68,14 @@ def _other_entry(stored: StoredEvent) -> Entry:
                  detail=getattr(ev, "reason", "") or "", **fields)
 
 
-def _correction_entry(seq: int, at: int, c: _Corrected, cores: int, shares: tuple[GpuShare, ...]) -> Entry:
+def _correction_entry(seq: int, at: int, c: CorrectionView, cores: int, shares: tuple[GpuShare, ...]) -> Entry:
     return Entry(seq=seq, recorded_at=at, type="alloc.corrected", pod_uid=c.pod_uid, namespace=c.namespace,
                  pod_name=c.pod_name, container=c.container, alloc_id=c.alloc_id, cores=cores,
                  memory=sum(s.memory for s in shares), shares=shares,
                  detail=f"was pod {c.previous_pod_uid} container {c.previous_container} ({c.reason})")
 
 
-def _health_entry(seq: int, at: int, h: _Health) -> Entry:
+def _health_entry(seq: int, at: int, h: HealthView) -> Entry:
     state = "healthy" if h.healthy else f"UNHEALTHY: {h.why}"
     return Entry(seq=seq, recorded_at=at, type="gpu.health",
                  detail=f"GPU{h.index} {h.uuid} {state}" + (f" ({h.detail})" if h.detail else ""))
@@ -89,18 +97,18 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
     conn = open_reader(path)
     try:
         for seq, at, view in iter_views(conn):
-            if isinstance(view, _Granted):
+            if isinstance(view, GrantView):
                 live[view.alloc_id] = (view.namespace, view.pod_name, view.cores)
                 if named(view.pod_uid, view.namespace, view.pod_name):
                     uids.add(view.pod_uid)
                     out.append(_grant_entry(seq, at, view))
-            elif isinstance(view, _Released):
+            elif isinstance(view, ReleaseView):
                 owner = live.pop(view.alloc_id, ("", "", 0))
                 if view.pod_uid in uids:
                     out.append(Entry(seq=seq, recorded_at=at, type="alloc.released", pod_uid=view.pod_uid,
                                      namespace=owner[0], pod_name=owner[1], container=view.container,
                                      alloc_id=view.alloc_id, detail=view.reason))
-            elif isinstance(view, _Corrected):
+            elif isinstance(view, CorrectionView):
                 cores = live[view.alloc_id][2] if view.alloc_id in live else 0
                 if view.alloc_id in live:
                     live[view.alloc_id] = (view.namespace, view.pod_name, cores)
@@ -128,19 +136,19 @@ def _names_gpu(gpu: str, index: int, uuid: str) -> bool:
 
 def gpu_history(path: Path, gpu: str) -> list[Entry]:
     """Every grant on the GPU (by index or UUID), its release, and inventory changes naming the GPU."""
-    on_gpu: dict[str, _Granted] = {}
+    on_gpu: dict[str, GrantView] = {}
     out: list[Entry] = []
     conn = open_reader(path)
     try:
         for seq, at, view in iter_views(conn):
-            if isinstance(view, _Granted):
+            if isinstance(view, GrantView):
                 mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
                 if mine:
                     on_gpu[view.alloc_id] = view
                     entry = _grant_entry(seq, at, view)
                     entry.shares = mine
                     out.append(entry)
-            elif isinstance(view, _Released):
+            elif isinstance(view, ReleaseView):
                 g = on_gpu.pop(view.alloc_id, None)
                 if g is not None:
                     shares = tuple(s for s in g.shares if _names_gpu(gpu, s.index, s.uuid))
@@ -148,7 +156,7 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                                      namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                                      alloc_id=g.alloc_id, cores=sum(s.cores for s in shares),
                                      memory=sum(s.memory for s in shares), shares=shares, detail=view.reason))
-            elif isinstance(view, _Corrected):
+            elif isinstance(view, CorrectionView):
                 before = on_gpu.get(view.alloc_id)
                 mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
                 if before is None and not mine:
@@ -159,15 +167,15 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                 else:
                     cores = sum(s.cores for s in mine)
                 if mine:
-                    on_gpu[view.alloc_id] = _Granted(
+                    on_gpu[view.alloc_id] = GrantView(
                         alloc_id=view.alloc_id, request_id=before.request_id if before else "", pod_uid=view.pod_uid,
                         namespace=view.namespace, pod_name=view.pod_name, container=view.container, cores=cores,
                         memory=view.memory, shares=view.shares, init_container=view.init_container)
                 out.append(_correction_entry(seq, at, view, cores, mine))
-            elif isinstance(view, _Health):
+            elif isinstance(view, HealthView):
                 if _names_gpu(gpu, view.index, view.uuid):
                     out.append(_health_entry(seq, at, view))
-            elif isinstance(view, _Inventory):
+            elif isinstance(view, InventoryView):
                 found = [g for g in view.gpus if _names_gpu(gpu, g.index, g.uuid)]
                 detail = (f"GPU{found[0].index} {found[0].uuid} {found[0].name}".strip() if found
                           else "not in the inventory")

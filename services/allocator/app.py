@@ -13,7 +13,7 @@ from pathlib import Path
 from libs.bus import Bus, Relay
 from libs.config import Settings
 from libs.gpu import load_inventory
-from libs.gpu.monitor import open_monitor
+from libs.gpu.backends import open_monitor
 from libs.kube.source import make_client
 from libs.ledger.snapshot import SnapshotKeeper, load_state
 from libs.log import get_logger

@@ -44,15 +44,17 @@ from libs.events.schema import (
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.ledger.state import Allocation, LedgerState
 from libs.log import get_logger
+from libs.placement.hami_response import HamiDelivery
+from libs.placement.placement import NoRoom, place
+from libs.placement.responses import build_response
+from libs.placement.reuse import place_on_reused, reuse_view
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
 from services.allocator.extraconfig import default_devices
-from services.allocator.hami import HamiDelivery
 from services.allocator.identity import Misattributed, misattributed, plan_corrections, suspects
 from services.allocator.ledger import Ledger
 from services.allocator.liveness import GONE_AT_ALLOCATE, gone_holders
 from services.allocator.matching import Candidate, candidates
 from services.allocator.observer import AllocatorObserver
-from services.allocator.placement import NoRoom, place
 from services.allocator.podcache import PodCache
 from services.allocator.podresources import (
     DeviceHolder,
@@ -61,8 +63,6 @@ from services.allocator.podresources import (
     PodResourcesUnavailable,
 )
 from services.allocator.prestart import check_allocation
-from services.allocator.responses import build_response
-from services.allocator.reuse import place_on_reused, reuse_view
 
 __all__ = ["Allocator"]
 

@@ -20,10 +20,10 @@ from libs.errors import ServiceError
 from libs.events.schema import AllocationCorrected, GpuShare
 from libs.kube.pods import Container, Pod
 from libs.ledger.state import Allocation, GpuUsage, LedgerState
+from libs.placement.placement import place
+from libs.placement.responses import build_response
 from services.allocator.extender import core_limit
-from services.allocator.placement import place
 from services.allocator.podresources import DeviceHolder
-from services.allocator.responses import build_response
 
 __all__ = ["Misattributed", "misattributed", "plan_corrections", "suspects"]
 

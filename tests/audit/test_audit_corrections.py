@@ -31,7 +31,7 @@ from libs.events.schema import (
     GpuShare,
     InventoryRecorded,
 )
-from libs.ledger.holdings import _Fold, audit_replay, grant_device_ids
+from libs.ledger.holdings import AuditFold, audit_replay, grant_device_ids
 from libs.ledger.state import LedgerState
 from libs.ledger.timeline import gpu_history, pod_history
 from libs.store import iter_events, open_reader, replay
@@ -175,7 +175,7 @@ def test_the_full_decode_path_folds_the_same(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     write_log(path, random_log(300, 7), progress=False)
     conn = open_reader(path)
-    fold = _Fold(partial(grant_device_ids, conn))
+    fold = AuditFold(partial(grant_device_ids, conn))
     try:
         for stored in iter_events(conn):
             fold.apply(stored.seq, stored.recorded_at, stored)

@@ -35,7 +35,7 @@ def test_real_node_tree_and_placement() -> None:
     from libs.gpu import load_inventory
     from libs.gpu.tree import tree_level
     from libs.ledger.state import GpuUsage
-    from services.allocator.placement import place
+    from libs.placement.placement import place
 
     inv = load_inventory("nvml")
     tree = build_tree(inv.links)

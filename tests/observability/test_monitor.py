@@ -6,15 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from libs.gpu import load_inventory
-from libs.gpu.monitor import (
-    FakeMonitor,
-    InjectRequest,
-    ProcessSample,
-    apply_injection,
-    container_id_of,
-    open_monitor,
-)
+from libs.gpu.backends import load_inventory, open_monitor
+from libs.gpu.monitor import FakeMonitor, InjectRequest, ProcessSample, apply_injection, container_id_of
 
 CID = "0123456789abcdef" * 4
 

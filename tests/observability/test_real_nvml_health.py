@@ -8,8 +8,8 @@ import time
 import pytest
 
 from libs.gpu import load_inventory
+from libs.gpu.backends import open_monitor
 from libs.gpu.health import EVENT_KINDS
-from libs.gpu.monitor import open_monitor
 from libs.gpu.nvml_monitor import NvmlMonitor
 
 

@@ -100,7 +100,8 @@ async def test_rate_limit(sim, lister) -> None:
 
 async def test_list_shows_only_pods_the_kubelet_has_taken_up(make_plugin, sim, lister) -> None:
     # The kubelet adds a pod to its pod manager right before admitting it; pods queued behind it are
-    # not known yet, so PodResources does not list them (the allocator's pod identity check relies on this to tell pods apart).
+    # not known yet, so PodResources does not list them (the allocator's pod identity check relies on
+    # this to tell pods apart).
     await make_plugin(count=2)
     async with sim.kubelet.admission_lock:
         await sim.create_pod(pod_manifest("first", [ctr("a", {GPU: 1})]))

@@ -10,8 +10,8 @@ import pytest
 
 from libs.config import Settings
 from libs.events.schema import GpuShare
-from services.allocator.hami import HamiDelivery
-from services.allocator.responses import build_response
+from libs.placement.hami_response import HamiDelivery
+from libs.placement.responses import build_response
 
 UID = "3f9c2a8e-1b7d-4c5e-9a0f-6d2e8b1c4a7f"
 GIB = 1 << 30

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from libs.errors import ServiceError
 from libs.gpu.fake import PROFILES_DIR, FakeBackend
 from libs.ledger.state import GpuUsage
-from services.allocator import evaluators
-from services.allocator.placement import place, topology
+from libs.placement import evaluators
+from libs.placement.placement import place, topology
 
 GIB = 1 << 30
 

@@ -6,7 +6,7 @@ import random
 
 from bench.placement_quality import Request, first_fit, make_trace, offline_bound, run_trace
 from libs.gpu.fake import PROFILES_DIR, FakeBackend
-from services.allocator.placement import place
+from libs.placement.placement import place
 
 INV = FakeBackend(PROFILES_DIR / "pcie-4gpu.yaml").inventory()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from libs.events.schema import GpuShare
-from services.allocator.responses import build_response
+from libs.placement.responses import build_response
 
 
 def test_share_response() -> None:

@@ -15,7 +15,7 @@ import msgspec
 from libs.errors import ServiceError
 from libs.events.schema import GpuShare
 from libs.ledger.state import Allocation, GpuUsage, LedgerState
-from services.allocator.placement import Links, place
+from libs.placement.placement import Links, place
 
 __all__ = ["place_on_reused", "reuse_view", "without"]
 

@@ -18,7 +18,7 @@ from libs.events.schema import GpuShare
 from libs.gpu.topology import nvlink_count
 from libs.gpu.tree import TopologyTree, build_tree
 from libs.ledger.state import GpuUsage
-from services.allocator import evaluators
+from libs.placement import evaluators
 
 __all__ = ["Links", "NoRoom", "place", "topology"]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from libs.events.schema import ContainerResponse, DeviceNode, GpuShare, MountSpec
-from services.allocator.hami import HamiDelivery, hami_response
+from libs.placement.hami_response import HamiDelivery, hami_response
 
 __all__ = ["VCUDA_MOUNTPOINT", "build_response"]
 
