@@ -14,7 +14,7 @@ import libs
 
 LIBS = Path(libs.__file__).parent
 
-# None: no face, import the modules (libs.kubelet holds generated stubs).
+# None: no face, import the modules (libs.kubelet and libs.cri hold generated stubs).
 FACES: dict[str, tuple[str, ...] | None] = {
     "libs.bus": ("Bus", "LogFollower", "NatsServer", "Relay", "ensure_stream", "find_nats_server"),
     "libs.events": (
@@ -31,6 +31,7 @@ FACES: dict[str, tuple[str, ...] | None] = {
         "RESOURCE_VCORE", "RESOURCE_VMEMORY", "Container", "ContainerStatus", "Pod", "is_active", "parse_quantity",
         "predicate_time",
     ),
+    "libs.cri": None,
     "libs.kubelet": None,
     "libs.ledger": ("Allocation", "GpuUsage", "LedgerSnapshot", "LedgerState"),
     "libs.placement": (
