@@ -34,7 +34,7 @@ from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
-from libs.log import configure_logging
+from libs.logger import configure_logging
 from simulator import NodeSimulator, SimConfig
 
 ECHO_METHOD = "/bench.Echo/Echo"

@@ -70,7 +70,7 @@ def raw_floor(path: Path, events: list[Event], seconds: float) -> dict[str, floa
 
 
 async def group_commit(path: Path, events: list[Event], writers: int, seconds: float) -> dict[str, float]:
-    log = await EventLog.open(path)
+    event_log = await EventLog.open(path)
     lat: list[float] = []
     stop = time.perf_counter() + seconds
     cursor = iter(events)
@@ -80,7 +80,7 @@ async def group_commit(path: Path, events: list[Event], writers: int, seconds: f
             if time.perf_counter() > stop:
                 return
             t0 = time.perf_counter()
-            await log.append([ev])
+            await event_log.append([ev])
             lat.append(time.perf_counter() - t0)
 
     started = time.perf_counter()
@@ -88,7 +88,7 @@ async def group_commit(path: Path, events: list[Event], writers: int, seconds: f
         await asyncio.gather(*(writer() for _ in range(writers)))
     finally:
         took = time.perf_counter() - started
-        await log.close()
+        await event_log.close()
     return {"events_per_s": len(lat) / took, "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3}
 
 

@@ -30,7 +30,7 @@ from bench.allocate_rtt import summary
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
-from libs.log import configure_logging
+from libs.logger import configure_logging
 from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
 from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper

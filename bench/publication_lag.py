@@ -48,8 +48,8 @@ async def run(samples: int) -> list[dict[str, Any]]:
     await server.start()
     try:
         bus = await Bus.connect(server.url, name="bench-allocator", node="bench")
-        log = await EventLog.open(root / "ledger.sqlite")
-        relay = Relay(bus, log)
+        event_log = await EventLog.open(root / "ledger.sqlite")
+        relay = Relay(bus, event_log)
         relay_task = asyncio.create_task(relay.run())
         sub_nc = await nats.connect(server.url)
         arrived: dict[int, float] = {}
@@ -67,7 +67,7 @@ async def run(samples: int) -> list[dict[str, Any]]:
         size = 0
         for i in range(samples + 50):
             ev = AllocationReleased(alloc_id=f"{i:032x}", pod_uid=f"pod-{i}", container="main", reason="deleted")
-            stored = await log.append([ev])
+            stored = await event_log.append([ev])
             committed = time.perf_counter()
             seq = stored[0].seq
             waiter[seq] = asyncio.Event()
@@ -108,7 +108,7 @@ async def run(samples: int) -> list[dict[str, Any]]:
                 js_rtt.append(time.perf_counter() - sent)
         await pub_nc.close()
         await sub_nc.close()
-        await log.close()
+        await event_log.close()
         await bus.close()
         return [stats(f"commit -> subscriber (outbox relay, JetStream, {size} B record)", lag),
                 stats(f"floor: plain NATS publish -> subscriber, {size} B", one_way),

@@ -78,15 +78,15 @@ async def main(calls: int, warmup: int) -> dict[str, object]:
     try:
         settings = Settings(node_name="bench", state_dir=str(root / "s"), vm_dir=str(root / "vm"), nats_url=url,
                             cgroup_root=str(root / "cgroup"), proc_root=str(root / "proc"), driver_volumes=False)
-        log = await EventLog.open(settings.log_path)
+        event_log = await EventLog.open(settings.log_path)
         bus = await Bus.connect(url, name="bench", node="bench")
         await ensure_stream(bus)
-        relay = Relay(bus, log)
+        relay = Relay(bus, event_log)
         relay_task = asyncio.create_task(relay.run())
         uid = str(uuid.uuid4())
         _fake_container(root, uid, others=20)
         share = GpuShare(index=0, uuid="GPU-0", minor=0, cores=30, memory=GIB)
-        stored = await log.append([
+        stored = await event_log.append([
             InventoryRecorded(node="bench", backend="fake", driver_version="550.54.15",
                               gpus=(GpuInfo(index=0, minor=0, uuid="GPU-0", memory=80 * GIB),)),
             AllocationGranted(alloc_id=uuid.uuid4().hex, request_id="r", pod_uid=uid, namespace="b", pod_name="p",
@@ -116,7 +116,7 @@ async def main(calls: int, warmup: int) -> dict[str, object]:
             assert (settings.vm_root / uid / "main" / "pids.config").stat().st_size == 21 * 4
         relay_task.cancel()
         await bus.close()
-        await log.close()
+        await event_log.close()
     finally:
         await nats.stop()
         shutil.rmtree(root, ignore_errors=True)

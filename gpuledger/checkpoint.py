@@ -162,33 +162,33 @@ async def import_checkpoint(path: Path, settings: Settings, inventory: Inventory
     """Append the checkpoint's allocations (and, into an empty log, the inventory first)."""
     device_ids = kubelet_device_ids(kubelet_checkpoint) if kubelet_checkpoint is not None else None
     command_id = "import:" + hashlib.sha256(path.read_bytes()).hexdigest()[:32]
-    log = await EventLog.open(settings.log_path)  # takes the writer lock: refuses while the allocator runs
+    event_log = await EventLog.open(settings.log_path)  # takes the writer lock: refuses while the allocator runs
     try:
-        earlier = await log.queries.by_command(command_id)
+        earlier = await event_log.queries.by_command(command_id)
         if earlier:
             return ImportResult(stored=earlier, already=True, allocations=len(earlier), pods=len(
                 {e.event.pod_uid for e in earlier if isinstance(e.event, AllocationImported)}))
-        recorded = await _recorded_inventory(log)
+        recorded = await _recorded_inventory(event_log)
         gpus = recorded.gpus if recorded is not None else inventory.gpus
         events = plan_import(path, gpus, settings, device_ids)
         if recorded is None:
-            await log.append([inventory])
-        stored = await log.append(events, command_id=command_id) if events else []
+            await event_log.append([inventory])
+        stored = await event_log.append(events, command_id=command_id) if events else []
         return ImportResult(stored=stored, already=False, allocations=len(events),
                             pods=len({e.pod_uid for e in events}))
     finally:
-        await log.close()
+        await event_log.close()
 
 
-async def _recorded_inventory(log: EventLog) -> InventoryRecorded | None:
+async def _recorded_inventory(event_log: EventLog) -> InventoryRecorded | None:
     """The last inventory, after checking that the log holds nothing but inventories."""
     recorded: InventoryRecorded | None = None
     after = 0
-    while batch := await log.read_after(after, 512):
+    while batch := await event_log.read_after(after, 512):
         for stored in batch:
             if not isinstance(stored.event, InventoryRecorded):
                 raise StoreError(
-                    f"{log.path} already holds allocation history (seq {stored.seq} is {stored.type}): importing "
+                    f"{event_log.path} already holds allocation history (seq {stored.seq} is {stored.type}): importing "
                     "a checkpoint now could contradict it. Import into a fresh --state-dir before the first start.")
             recorded = stored.event
         after = batch[-1].seq

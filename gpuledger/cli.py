@@ -19,7 +19,7 @@ from gpuledger.simulate_cmd import simulate
 from gpuledger.status_cmd import status
 from gpuledger.vcuda_cmd import gpu_client
 from libs.config import Settings
-from libs.log import configure_logging
+from libs.logger import configure_logging
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -102,7 +102,7 @@ async def follow_stream(url: str, *, node: str | None, since: int, as_json: bool
     """Follow the node's JetStream stream, from ``since + 1``, or from a durable consumer's position."""
     from libs.bus.client import Bus
     from libs.bus.follow import LogFollower
-    from libs.log import configure_logging
+    from libs.logger import configure_logging
 
     configure_logging("events", fmt="console", level="warning")  # to stderr: stdout carries only the events
     bus = await Bus.connect(url, name="gpuledger-events", node=node or "-", wait=10)

@@ -19,11 +19,11 @@ from typing import IO
 from gpuledger.agent import SERVICES
 from libs.bus.server import NatsServer
 from libs.config import Settings
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["SERVICES", "Child", "Launcher", "settings_env"]
 
-_log = get_logger("up")
+_logger = get_logger("up")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -50,7 +50,7 @@ class Child:
             *self.argv, env={**os.environ, **self.env}, stdin=asyncio.subprocess.DEVNULL,
             stdout=out, stderr=out, start_new_session=True,
         )
-        _log.info("started", child=self.name, pid=self.proc.pid)
+        _logger.info("started", child=self.name, pid=self.proc.pid)
 
     async def stop(self, timeout: float) -> None:
         proc = self.proc
@@ -60,7 +60,7 @@ class Child:
             try:
                 await asyncio.wait_for(proc.wait(), timeout)
             except TimeoutError:
-                _log.warning("did not stop in time; killing", child=self.name)
+                _logger.warning("did not stop in time; killing", child=self.name)
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
@@ -88,7 +88,7 @@ class Launcher:
             self.nats = NatsServer(Path(self.settings.state_dir) / "nats")
             url = await self.nats.start()
             self.settings = self.settings.replace(nats_url=url)
-            _log.info("embedded nats-server ready", url=url)
+            _logger.info("embedded nats-server ready", url=url)
         return self.settings.nats_url
 
     async def start_child(self, name: str, args: list[str]) -> Child:
@@ -111,7 +111,7 @@ class Launcher:
                     continue
                 hint = " (killed: perhaps out of memory?)" if proc.returncode == -signal.SIGKILL else ""
                 delay = min(2 ** child.restarts, 30)
-                _log.warning(f"child exited{hint}; restarting", child=child.name, code=proc.returncode, in_s=delay)
+                _logger.warning(f"child exited{hint}; restarting", child=child.name, code=proc.returncode, in_s=delay)
                 child.restarts += 1
                 await asyncio.sleep(delay)
                 if not self._stopping:
@@ -129,4 +129,4 @@ class Launcher:
         await asyncio.gather(*(c.stop(10.0) for c in others))
         if self.nats:
             await self.nats.stop()
-        _log.info("all stopped")
+        _logger.info("all stopped")

@@ -11,14 +11,14 @@ import click
 from gpuledger.demo import DemoNode
 from gpuledger.launcher import Launcher
 from libs.config import Settings
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["run_up"]
 
 
 async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: bool) -> int:
     """Start the broker (``embedded``) and the services, wait for a stop signal, stop them; the exit code."""
-    log = get_logger("up")
+    logger = get_logger("up")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -38,10 +38,10 @@ async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: 
             if ended is not None:
                 return ended
         else:
-            log.info("agent running; Ctrl-C to stop", nats=launcher.settings.nats_url)
+            logger.info("agent running; Ctrl-C to stop", nats=launcher.settings.nats_url)
         await stop.wait()
     except Exception as exc:
-        log.error("up failed", error=str(exc))
+        logger.error("up failed", error=str(exc))
         code = 1
     finally:
         click.secho("stopping…", err=True)

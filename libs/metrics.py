@@ -19,13 +19,13 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from libs.config import Settings
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["PORT_OFFSETS", "MetricsServer", "metrics_port", "serving", "timed"]
 
 PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3}
 
-_log = get_logger("metrics")
+_logger = get_logger("metrics")
 
 Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -63,11 +63,11 @@ class MetricsServer:
             await web.TCPSite(runner, self.host, self.port).start()
         except OSError as exc:
             await runner.cleanup()
-            _log.error("metrics are NOT served: cannot listen; pick another --metrics-port (0 turns it off)",
+            _logger.error("metrics are NOT served: cannot listen; pick another --metrics-port (0 turns it off)",
                        host=self.host, port=self.port, error=exc.strerror or str(exc))
             return False
         self._runner = runner
-        _log.info("serving metrics", port=self.port, paths=["/metrics", *self._routes])
+        _logger.info("serving metrics", port=self.port, paths=["/metrics", *self._routes])
         return True
 
     async def _metrics(self, _request: web.Request) -> web.Response:

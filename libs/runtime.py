@@ -16,7 +16,7 @@ from typing import Any
 
 from libs.config import Settings
 from libs.errors import StartRefused
-from libs.log import configure_logging, get_logger
+from libs.logger import configure_logging, get_logger
 
 __all__ = ["ServiceFactory", "Supervisor", "run_service", "serve_until_stopped"]
 
@@ -24,7 +24,7 @@ ServiceFactory = Callable[[Settings], AbstractAsyncContextManager[Any]]
 
 
 async def serve_until_stopped(name: str, settings: Settings, factory: ServiceFactory) -> None:
-    log = get_logger(name)
+    logger = get_logger(name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -35,10 +35,10 @@ async def serve_until_stopped(name: str, settings: Settings, factory: ServiceFac
         # that wait too, so the start runs as a task raced against the stop event.
         svc = await _start_or_stop(cm, stop)
         if svc is _STOPPED:
-            log.info("stopped before the service started")
+            logger.info("stopped before the service started")
             return
         async with _entered(cm):
-            log.info("service started", node=settings.node_name)
+            logger.info("service started", node=settings.node_name)
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
             supervisor = getattr(svc, "supervisor", None)
             if isinstance(supervisor, Supervisor):
@@ -47,11 +47,11 @@ async def serve_until_stopped(name: str, settings: Settings, factory: ServiceFac
             waits[0].cancel()
             if supervisor is not None and supervisor.failure.done() and not supervisor.failure.cancelled():
                 raise supervisor.failure.exception()  # type: ignore[misc]
-            log.info("stopping")
+            logger.info("stopping")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    log.info("service stopped")
+    logger.info("service stopped")
 
 
 _STOPPED = object()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["build_app"]
 
-_log = logger("apiserver")
+_logger = logger("apiserver")
 
 SIM_KEY: web.AppKey[NodeSimulator] = web.AppKey("sim")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -29,7 +29,7 @@ from .podspec import container_limits, init_containers, is_sidecar, pod_uid
 
 __all__ = ["AllocationError", "ContainerStartError", "DeviceManager", "ResourceInfo"]
 
-_log = logger("devicemanager")
+_logger = logger("devicemanager")
 
 
 class AllocationError(Exception):
@@ -111,7 +111,7 @@ class DeviceManager:
         try:
             write_checkpoint(self._cfg.device_plugin_dir, self._checkpoint())
         except OSError as err:
-            _log.error("writing checkpoint failed", error=str(err))
+            _logger.error("writing checkpoint failed", error=str(err))
 
     def _apply_checkpoint(self, cp: Checkpoint) -> None:
         for row in cp.rows:
@@ -131,7 +131,7 @@ class DeviceManager:
         try:
             cp = read_checkpoint(self._cfg.device_plugin_dir)
         except CheckpointError as err:
-            _log.warning("ignoring unusable checkpoint", error=str(err))
+            _logger.warning("ignoring unusable checkpoint", error=str(err))
             return
         if cp is not None:
             self._apply_checkpoint(cp)
@@ -176,7 +176,7 @@ class DeviceManager:
     def _connected(self, resource: str, client: PluginClient, options: dp.DevicePluginOptions) -> None:
         self.endpoints[resource] = Endpoint(resource, client, options, self._calls)
         self.removed.discard(resource)
-        _log.info("device plugin connected", resource=resource, socket=client.socket)
+        _logger.info("device plugin connected", resource=resource, socket=client.socket)
         self.changes.notify()
 
     def plugin_disconnected(self, resource: str) -> None:
@@ -185,7 +185,7 @@ class DeviceManager:
             return
         self._mark_resource_unhealthy(resource)
         ep.set_stopped()
-        _log.info("endpoint became unhealthy", resource=resource, socket=ep.socket)
+        _logger.info("endpoint became unhealthy", resource=resource, socket=ep.socket)
         self.changes.notify()
 
     def plugin_snapshot(self, resource: str, resp: dp.ListAndWatchResponse) -> None:
@@ -233,7 +233,7 @@ class DeviceManager:
             for resource in deleted:
                 self.all_devices.pop(resource, None)
             self.removed |= deleted
-            _log.info("removed resources after endpoint grace", resources=sorted(deleted))
+            _logger.info("removed resources after endpoint grace", resources=sorted(deleted))
             self.write_checkpoint()
             self.changes.notify()
         return capacity, allocatable, deleted
@@ -266,7 +266,7 @@ class DeviceManager:
         to_remove = self.pod_devices.pods() - active
         if not to_remove:
             return
-        _log.info("reclaiming devices of inactive pods", pods=sorted(to_remove))
+        _logger.info("reclaiming devices of inactive pods", pods=sorted(to_remove))
         self.pod_devices.delete(to_remove)
         self.allocated = self.pod_devices.devices()
         self.changes.notify()
@@ -493,7 +493,7 @@ class DeviceManager:
             if self.pod_devices.container_devices(uid, name, resource) is None:
                 needs_reallocate = True
         if needs_reallocate:
-            _log.info("re-allocating devices at container start", pod=uid, container=name)
+            _logger.info("re-allocating devices at container start", pod=uid, container=name)
             await self.allocate(pod, container)
         return self.pod_devices.run_container_options(uid, name, self._rng)
 

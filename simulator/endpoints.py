@@ -23,7 +23,7 @@ from .log import logger
 
 __all__ = ["ChannelClosedError", "DialError", "Endpoint", "PluginClient", "bounded", "unary"]
 
-_log = logger("endpoints")
+_logger = logger("endpoints")
 
 # What the stream handler gets for each ListAndWatch message.
 SnapshotReceiver = Callable[[str, dp.ListAndWatchResponse], None]
@@ -113,7 +113,7 @@ class PluginClient:
             async for msg in stream:
                 call_rec.response = {"messages": call_rec.response["messages"] + 1, "last": message_dict(msg)}
                 receiver(self.resource, msg)
-            _log.info("ListAndWatch returned", resource=self.resource)
+            _logger.info("ListAndWatch returned", resource=self.resource)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -123,7 +123,7 @@ class PluginClient:
             call_rec.error = CONNECTION_CLOSING
         except Exception as err:
             call_rec.error = describe_error(err)
-            _log.info("ListAndWatch ended", resource=self.resource, error=call_rec.error)
+            _logger.info("ListAndWatch ended", resource=self.resource, error=call_rec.error)
         finally:
             call_rec.end = time.monotonic()
 

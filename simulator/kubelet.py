@@ -39,7 +39,7 @@ REJECT_REASON = "UnexpectedAdmissionError"
 CREATE_CONFIG_ERROR = "CreateContainerConfigError"
 RUNTIME_STOP_GRACE = 10  # cap on the grace a real container gets at deletion
 
-_log = logger("kubelet")
+_logger = logger("kubelet")
 
 
 def is_pod_active(pod: dict[str, Any]) -> bool:
@@ -124,7 +124,7 @@ class Kubelet:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                _log.exception("admission crashed", pod=uid)
+                _logger.exception("admission crashed", pod=uid)
 
     async def _admit(self, pod: dict[str, Any]) -> bool:
         ns, name = pod_key(pod)
@@ -134,11 +134,11 @@ class Kubelet:
             except AllocationError as err:
                 self._reject(ns, name, REJECT_REASON, f"Allocate failed due to {err}, which is unexpected")
                 return False
-        _log.info("pod admitted", pod=f"{ns}/{name}")
+        _logger.info("pod admitted", pod=f"{ns}/{name}")
         return True
 
     def _reject(self, ns: str, name: str, reason: str, message: str) -> None:
-        _log.info("pod rejected", pod=f"{ns}/{name}", reason=reason, message=message)
+        _logger.info("pod rejected", pod=f"{ns}/{name}", reason=reason, message=message)
 
         def mutate(p: dict[str, Any]) -> None:
             qos = (p.get("status") or {}).get("qosClass")
@@ -161,7 +161,7 @@ class Kubelet:
         except asyncio.CancelledError:
             raise
         except Exception:
-            _log.exception("pod worker crashed", pod=uid)
+            _logger.exception("pod worker crashed", pod=uid)
 
     async def _start_pod_containers(self, uid: str) -> None:
         pod = self._store.get_by_uid(uid)
@@ -229,7 +229,7 @@ class Kubelet:
         try:
             opts = await self._manager.run_container_options(pod, container, self.is_uid_active)
         except (ContainerStartError, AllocationError) as err:
-            _log.info("container start failed", pod=uid, container=container["name"], error=str(err))
+            _logger.info("container start failed", pod=uid, container=container["name"], error=str(err))
             return CREATE_CONFIG_ERROR, str(err)
         self.run_options[(uid, container["name"])] = opts
         if self.runtime is None:
@@ -239,7 +239,7 @@ class Kubelet:
         try:
             return "containerd://" + await self.runtime.start_container(pod, container, opts)
         except ContainerCreateError as err:
-            _log.info("container create failed", pod=uid, container=container["name"], reason=err.reason,
+            _logger.info("container create failed", pod=uid, container=container["name"], reason=err.reason,
                       error=str(err))
             return err.reason, str(err)
 
@@ -350,7 +350,7 @@ class Kubelet:
         try:
             await self.runtime.remove_pod(uid, grace=RUNTIME_STOP_GRACE)
         except Exception:
-            _log.exception("runtime teardown failed", pod=uid)
+            _logger.exception("runtime teardown failed", pod=uid)
         await self._remove_later(ns, name, uid)
 
     async def _remove_later(self, ns: str, name: str, uid: str) -> None:

@@ -19,7 +19,7 @@ __all__ = ["NO_TOPOLOGY", "DeviceAllocation", "PodDevices", "empty_run_options"]
 
 NO_TOPOLOGY = -1  # the pseudo NUMA node of devices that report no topology
 
-_log = logger("poddevices")
+_logger = logger("poddevices")
 
 
 @dataclass
@@ -139,4 +139,4 @@ def _keep_first(kept: dict[str, Any], key: str, value: Any, what: str, container
     if key not in kept:
         kept[key] = value
     elif kept[key] != value:
-        _log.warning(f"{what} conflict", container=container, key=key)
+        _logger.warning(f"{what} conflict", container=container, key=key)

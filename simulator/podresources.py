@@ -28,7 +28,7 @@ from .store import PodStore
 
 __all__ = ["PodResourcesServer", "TokenBucket"]
 
-_log = logger("podresources")
+_logger = logger("podresources")
 
 
 class TokenBucket:
@@ -77,7 +77,7 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
         server.add_insecure_port(f"unix://{self._socket}")
         await server.start()
         self._server = server
-        _log.info("serving pod resources", socket=str(self._socket))
+        _logger.info("serving pod resources", socket=str(self._socket))
 
     async def stop(self) -> None:
         if self._server is not None:

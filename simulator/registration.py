@@ -44,7 +44,7 @@ __all__ = ["KUBELET_SOCKET", "RegistrationServer", "prepare_socket_dir", "remove
 
 KUBELET_SOCKET = "kubelet.sock"
 
-_log = logger("registration")
+_logger = logger("registration")
 
 
 def prepare_socket_dir(directory: Path, *, legacy: bool = False) -> list[str]:
@@ -106,14 +106,14 @@ class RegistrationServer(dp_grpc.RegistrationServicer):
     async def start(self) -> None:
         removed = prepare_socket_dir(self._dir, legacy=self._profile == LEGACY_PROFILE)
         if removed:
-            _log.info("wiped sockets", dir=str(self._dir), sockets=removed)
+            _logger.info("wiped sockets", dir=str(self._dir), sockets=removed)
         server = grpc.aio.server()  # plain server: no options, default 4 MiB receive limit
         dp_grpc.add_RegistrationServicer_to_server(self, server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
         self.started_at = time.monotonic()  # when kubelet.sock answers: plugins may register from here
-        _log.info("serving registration", socket=str(self.socket_path))
+        _logger.info("serving registration", socket=str(self.socket_path))
 
     async def stop(self) -> None:
         """Close every plugin connection (marking resources unhealthy), then stop serving."""
@@ -140,7 +140,7 @@ class RegistrationServer(dp_grpc.RegistrationServicer):
     ) -> dp.Empty:
         name = request.resource_name
         with self._calls.record("Register", name, request, str(self.socket_path)) as rec:
-            _log.info("registration request", resource=name, endpoint=request.endpoint,
+            _logger.info("registration request", resource=name, endpoint=request.endpoint,
                       version=request.version)
             error = register_request_error(request.version, name)
             if error is None and self._profile == LEGACY_PROFILE:
@@ -153,7 +153,7 @@ class RegistrationServer(dp_grpc.RegistrationServicer):
                 error = await self._connect_client(name, request.endpoint)
             if error is not None:
                 rec.error = error
-                _log.info("registration refused", resource=name, error=error)
+                _logger.info("registration refused", resource=name, error=error)
                 # Plain Go errors reach the plugin as UNKNOWN with the text as message.
                 await context.abort(grpc.StatusCode.UNKNOWN, error)
             rec.response = {}
@@ -173,7 +173,7 @@ class RegistrationServer(dp_grpc.RegistrationServicer):
         old = self.clients.get(name)
         error = await self._connect_client(name, endpoint, options)
         if error is not None:
-            _log.info("registration failed after Register returned", resource=name, error=error)
+            _logger.info("registration failed after Register returned", resource=name, error=error)
         elif old is not None:
             await self._close(old)  # the replaced endpoint is stopped; its devices carry over
 
@@ -207,7 +207,7 @@ class RegistrationServer(dp_grpc.RegistrationServicer):
             return False
         client, endpoint = list(tracked.values())[-1]
         if self.clients.get(name) is not client:
-            _log.info("promoted a surviving plugin connection", resource=name, socket=client.socket)
+            _logger.info("promoted a surviving plugin connection", resource=name, socket=client.socket)
         self.clients[name] = client
         self._manager.endpoints[name] = endpoint
         self._manager.changes.notify()

@@ -34,7 +34,7 @@ from .store import PodStore
 
 __all__ = ["NodeSimulator", "run_simulator"]
 
-_log = logger("simulator")
+_logger = logger("simulator")
 
 _NAME_SUFFIX_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what the API server uses for generateName
 
@@ -108,7 +108,7 @@ class NodeSimulator:
         except BaseException:
             await self.stop()
             raise
-        _log.info("node simulator started", node=self.cfg.node_name, api_url=self.api_url,
+        _logger.info("node simulator started", node=self.cfg.node_name, api_url=self.api_url,
                   kubelet_socket=str(self.registration.socket_path))
 
     async def stop(self) -> None:
@@ -129,7 +129,7 @@ class NodeSimulator:
         if self.pod_resources is not None:
             await self.pod_resources.stop()
         await self.registration.stop()
-        _log.info("node simulator stopped", node=self.cfg.node_name)
+        _logger.info("node simulator stopped", node=self.cfg.node_name)
 
     async def start_api(self) -> None:
         """Serve the HTTP API (again): on the configured port, or on the one used before."""
@@ -184,7 +184,7 @@ class NodeSimulator:
             await self.registration.start()
             if self.pod_resources is not None:
                 await self.pod_resources.start()
-        _log.info("kubelet restarted", node=self.cfg.node_name)
+        _logger.info("kubelet restarted", node=self.cfg.node_name)
 
     def tick(self) -> None:
         """One node-status sync: drops resources whose stopped endpoint outlived the grace."""
@@ -337,7 +337,7 @@ async def run_simulator(cfg: SimConfig, *, stop: asyncio.Event | None = None) ->
                 installed.append(sig)
     try:
         async with NodeSimulator(cfg) as sim:
-            _log.info(
+            _logger.info(
                 "simulator running",
                 api_url=sim.api_url,
                 kubeconfig=str(cfg.kubeconfig_path) if cfg.kubeconfig_path else None,

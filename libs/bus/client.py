@@ -30,7 +30,7 @@ from nats.js import JetStreamContext
 from libs.errors import BusError, BusTimeout, CorruptLog, RemoteError, ServiceError
 from libs.events.codec import StoredEvent, decode_record
 from libs.events.subjects import Subjects
-from libs.log import correlation, get_logger
+from libs.logger import correlation, get_logger
 
 __all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "REQUEST_ID_HEADER", "Bus"]
 
@@ -42,7 +42,7 @@ Req = TypeVar("Req")
 Rep = TypeVar("Rep")
 Msg_T = TypeVar("Msg_T")
 
-_log = get_logger("bus")
+_logger = get_logger("bus")
 
 RECONNECT_WAIT_S = 0.5
 FIRST_CONNECT_MAX_WAIT_S = 2.0  # the first connect's backoff doubles up to this
@@ -69,16 +69,16 @@ class Bus:
 
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc) or type(exc).__name__)
-            _log.warning("nats error", url=url, error=errors[-1])
+            _logger.warning("nats error", url=url, error=errors[-1])
             if first_connect:  # back off between its attempts (nats-py reads this option per attempt)
                 nc.options["reconnect_time_wait"] = min(nc.options["reconnect_time_wait"] * 2, FIRST_CONNECT_MAX_WAIT_S)
 
         async def on_disconnect() -> None:
             if not (nc.is_closed or nc.is_draining):
-                _log.warning("nats disconnected", url=url)
+                _logger.warning("nats disconnected", url=url)
 
         async def on_reconnect() -> None:
-            _log.info("nats reconnected", url=url)
+            _logger.info("nats reconnected", url=url)
 
         # nats-py retries the first connect itself (max_reconnect_attempts=-1), every reconnect_time_wait.
         connecting = nc.connect(
@@ -166,14 +166,14 @@ class Bus:
                 await handle(msg, req)
 
         async def handle(msg: Msg, req: Any) -> None:
-            _log.debug("request", subject=subject)
+            _logger.debug("request", subject=subject)
             try:
                 rep = await handler(req)
             except ServiceError as exc:
                 await self._reply_error(msg, exc.code, exc.message)
                 return
             except Exception as exc:
-                _log.error("handler failed", subject=subject, error=str(exc), exc_info=exc)
+                _logger.error("handler failed", subject=subject, error=str(exc), exc_info=exc)
                 await self._reply_error(msg, 500, f"internal error: {exc}")
                 return
             if msg.reply:  # not msg.respond(): that would echo the request's headers
@@ -205,7 +205,7 @@ class Bus:
             try:
                 decoded = msgspec.json.decode(msg.data, type=msg_type)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                _log.warning("unreadable message", subject=msg.subject, type=msg_type.__name__, error=str(exc))
+                _logger.warning("unreadable message", subject=msg.subject, type=msg_type.__name__, error=str(exc))
                 return
             await handler(decoded)
 
@@ -224,7 +224,7 @@ class Bus:
             try:
                 stored = decode_record(msg.data)
             except (msgspec.DecodeError, msgspec.ValidationError, CorruptLog) as exc:
-                _log.warning("unreadable event", subject=msg.subject, error=str(exc))
+                _logger.warning("unreadable event", subject=msg.subject, error=str(exc))
                 return
             await handler(stored)
 

@@ -22,11 +22,11 @@ from nats.js.errors import APIError, NotFoundError
 
 from libs.bus.client import Bus
 from libs.events.codec import EventRecord, StoredEvent, from_record
-from libs.log import correlation, get_logger
+from libs.logger import correlation, get_logger
 
 __all__ = ["LogFollower", "raise_if_cancelling"]
 
-_log = get_logger("follow")
+_logger = get_logger("follow")
 
 Handler = Callable[[StoredEvent], Awaitable[None] | None]
 
@@ -53,7 +53,7 @@ class LogFollower:
                 break
             except NotFoundError:
                 if delay >= 1.0:
-                    _log.info("waiting for the event stream", stream=stream)
+                    _logger.info("waiting for the event stream", stream=stream)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         while True:
@@ -63,7 +63,7 @@ class LogFollower:
                 raise_if_cancelling(exc)
                 # The broker went away (or restarted and forgot our ephemeral consumer): start again
                 # from our own position, which is all the state a follower needs.
-                _log.info("resubscribing to the event stream", after_seq=self.last_seq,
+                _logger.info("resubscribing to the event stream", after_seq=self.last_seq,
                           reason=str(exc) or type(exc).__name__)
                 await asyncio.sleep(0.5)
 

@@ -31,7 +31,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from libs.bus.client import Bus
 from libs.events.codec import StoredEvent, to_record
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.store.log import EventLog
 
 __all__ = ["EVENT_ID_HEADER", "REBUILT_METADATA", "Relay", "StreamRebuilt", "ensure_stream", "rebuilt_subject"]
@@ -40,7 +40,7 @@ EVENT_ID_HEADER = "Gpuledger-Event-Id"
 REBUILT_METADATA = "gpuledger.rebuilt"  # stream metadata key: "<RFC 3339 time> <cause>" of the last rebuild
 WRONG_LAST_SEQUENCE = 10071
 
-_log = get_logger("outbox")
+_logger = get_logger("outbox")
 
 
 class StreamRebuilt(msgspec.Struct, frozen=True):
@@ -88,9 +88,9 @@ async def ensure_stream(bus: Bus) -> api.StreamInfo:
 
 
 class Relay:
-    def __init__(self, bus: Bus, log: EventLog, *, poll_interval: float = 0.25, window: int = 64) -> None:
+    def __init__(self, bus: Bus, event_log: EventLog, *, poll_interval: float = 0.25, window: int = 64) -> None:
         self.bus = bus
-        self.log = log
+        self.event_log = event_log
         self.poll_interval = poll_interval
         self.window = window
         self.published = 0  # last seq known to be in the stream
@@ -100,8 +100,8 @@ class Relay:
         # Events just committed, handed over in memory so that publishing does not read them back
         # from SQLite; the log stays the source whenever this buffer does not continue the stream.
         self._recent: deque[StoredEvent] = deque(maxlen=4096)
-        log.on_events(self._recent.extend)
-        log.on_commit(lambda _seq: self._wake.set())
+        event_log.on_events(self._recent.extend)
+        event_log.on_commit(lambda _seq: self._wake.set())
 
     async def wait_published(self, seq: int, timeout: float) -> None:
         """Wait until the stream holds ``seq`` (tests and the CLI use it; services never need to)."""
@@ -117,7 +117,7 @@ class Relay:
                 await self._resync()
                 break
             except (nats.errors.Error, APIError, OSError) as exc:
-                _log.warning("publication not started", error=str(exc) or type(exc).__name__, retry_in=backoff)
+                _logger.warning("publication not started", error=str(exc) or type(exc).__name__, retry_in=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         backoff = 0.1
@@ -134,7 +134,7 @@ class Relay:
                     await self._resync()
             except (nats.errors.Error, APIError, OSError) as exc:
                 # The broker is away or busy: the events wait in the log; try again shortly.
-                _log.warning("publication paused", error=str(exc) or type(exc).__name__, retry_in=backoff)
+                _logger.warning("publication paused", error=str(exc) or type(exc).__name__, retry_in=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 with contextlib.suppress(nats.errors.Error, APIError, OSError, _Resync):
@@ -145,14 +145,14 @@ class Relay:
         try:
             await self.bus.js.stream_info(stream)
         except NotFoundError:
-            if self.log.last_seq:  # a node that has a history: its subscribers must hear of the loss
+            if self.event_log.last_seq:  # a node that has a history: its subscribers must hear of the loss
                 await self._rebuild("the stream is missing (the broker's store was lost or replaced)", 0)
                 return
         info = await ensure_stream(self.bus)  # creates it for a new node, widens its subjects after an upgrade
         stream_last = info.state.last_seq
-        log_last = self.log.last_seq
+        log_last = self.event_log.last_seq
         if stream_last > log_last:
-            await self._rebuild(f"the stream holds {stream_last} events but the log at {self.log.path} only "
+            await self._rebuild(f"the stream holds {stream_last} events but the log at {self.event_log.path} only "
                                 f"{log_last} (a broker holding another history, or a log restored from an "
                                 "older copy: the log is the truth)", stream_last)
             return
@@ -166,7 +166,7 @@ class Relay:
     async def _fork_at(self, seq: int) -> str | None:
         """Why the stream's event at ``seq`` is not the log's (None when it is)."""
         msg = await self.bus.js.get_msg(self.bus.subjects.stream, seq)
-        mine = await self.log.read_after(seq - 1, 1)
+        mine = await self.event_log.read_after(seq - 1, 1)
         theirs = (msg.headers or {}).get(EVENT_ID_HEADER)
         if mine and theirs == mine[0].event_id:
             return None
@@ -177,22 +177,22 @@ class Relay:
         """Replace the stream by one republished from the log, from seq 1; tell subscribers."""
         subjects, js = self.bus.subjects, self.bus.js
         at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        _log.error("rebuilding the event stream from the log", stream=subjects.stream, cause=cause,
-                   log_last_seq=self.log.last_seq, stream_last_seq=stream_last)
+        _logger.error("rebuilding the event stream from the log", stream=subjects.stream, cause=cause,
+                   log_last_seq=self.event_log.last_seq, stream_last_seq=stream_last)
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(subjects.stream)
         await js.add_stream(_stream_config(self.bus, {REBUILT_METADATA: f"{at} {cause}"}))
         self.rebuilds += 1
         notice = StreamRebuilt(node=subjects.node, stream=subjects.stream, cause=cause,
-                               log_last_seq=self.log.last_seq, stream_last_seq_before=stream_last, at=at)
+                               log_last_seq=self.event_log.last_seq, stream_last_seq_before=stream_last, at=at)
         await self.bus.publish(rebuilt_subject(self.bus), notice)
         self.published = 0
         self._synced.set()
         self._wake.set()
 
     async def _publish_pending(self) -> None:
-        while self.published < self.log.last_seq:
-            batch = self._recent_after(self.published) or await self.log.read_after(self.published, 512)
+        while self.published < self.event_log.last_seq:
+            batch = self._recent_after(self.published) or await self.event_log.read_after(self.published, 512)
             if not batch:
                 return
             for start in range(0, len(batch), self.window):

@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 from libs.errors import BusError
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["NatsServer", "find_nats_server"]
 
 _LISTEN = re.compile(r"Listening for client connections on (\S+):(\d+)")
-_log = get_logger("nats-server")
+_logger = get_logger("nats-server")
 
 
 def find_nats_server() -> str:
@@ -80,7 +80,7 @@ class NatsServer:
         while line := await proc.stderr.readline():
             text = line.decode(errors="replace").strip()
             if "[ERR]" in text or "[FTL]" in text or "[WRN]" in text:
-                _log.warning("nats-server", line=text)
+                _logger.warning("nats-server", line=text)
 
     @property
     def pid(self) -> int | None:

@@ -17,11 +17,11 @@ from libs.gpu.inventory import Inventory
 from libs.gpu.monitor import FakeMonitor, GpuMonitor
 from libs.gpu.nvml import NvmlBackend, NvmlUnavailable
 from libs.gpu.nvml_monitor import NvmlMonitor
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["load_inventory", "open_monitor"]
 
-_log = get_logger("gpu")
+_logger = get_logger("gpu")
 
 
 def load_inventory(spec: str) -> Inventory:
@@ -46,7 +46,7 @@ def load_inventory(spec: str) -> Inventory:
                 if nvml.device_count() > 0:
                     return nvml.inventory()
             reason = "NVML reports no GPUs"
-        _log.warning("using fake GPUs", reason=reason, profile=str(DEFAULT_FAKE_PROFILE))
+        _logger.warning("using fake GPUs", reason=reason, profile=str(DEFAULT_FAKE_PROFILE))
         spec = "fake"
     if spec == "fake" or spec.startswith("fake:"):
         path = spec[len("fake:") :] if spec.startswith("fake:") else str(DEFAULT_FAKE_PROFILE)

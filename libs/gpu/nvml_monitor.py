@@ -19,11 +19,11 @@ from libs.gpu.health import ECC_DOUBLE, ECC_SINGLE, XID, GpuEvent
 from libs.gpu.inventory import Inventory
 from libs.gpu.monitor import GpuSample, ProcessSample, container_id_of
 from libs.gpu.nvml import _text, _why, init_nvml
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["NvmlMonitor"]
 
-_log = get_logger("gpu")
+_logger = get_logger("gpu")
 
 
 class NvmlMonitor:
@@ -50,14 +50,14 @@ class NvmlMonitor:
         try:
             self._events = nv.nvmlEventSetCreate()
         except nv.NVMLError as exc:
-            _log.warning("no NVML event set: XID/ECC events will not be seen", error=_why(exc))
+            _logger.warning("no NVML event set: XID/ECC events will not be seen", error=_why(exc))
             return
         for index, h in self._handles.items():
             try:
                 supported = nv.nvmlDeviceGetSupportedEventTypes(h)
                 nv.nvmlDeviceRegisterEvents(h, wanted & supported, self._events)
             except nv.NVMLError as exc:
-                _log.warning("GPU does not report XID/ECC events", gpu=index, error=_why(exc))
+                _logger.warning("GPU does not report XID/ECC events", gpu=index, error=_why(exc))
 
     # --- events ---
     def wait_events(self, timeout: float) -> list[GpuEvent]:
@@ -74,7 +74,7 @@ class NvmlMonitor:
                 return out
             except nv.NVMLError as exc:
                 # e.g. GPU is lost: the probes will mark the GPU; do not spin on a broken event set.
-                _log.warning("waiting for NVML events failed", error=_why(exc))
+                _logger.warning("waiting for NVML events failed", error=_why(exc))
                 threading.Event().wait(timeout)
                 return out
             event = self._event(data)

@@ -25,12 +25,12 @@ from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod as KubePod
 
 from libs.kube.pods import Pod
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["ChangeHandler", "PodSource", "make_client"]
 
 ChangeHandler = Callable[[str, Pod | None, Pod | None], Awaitable[None]]
-_log = get_logger("pods")
+_logger = get_logger("pods")
 MIN_BACKOFF = 0.2
 MAX_BACKOFF = 5.0
 WATCH_TIMEOUT = 300  # seconds the server keeps one watch request open (lightkube re-issues it)
@@ -88,14 +88,14 @@ class PodSource:
             except ApiError as exc:
                 if exc.status.code == 410:  # our version was compacted away: list again, at once
                     self.expired += 1
-                    _log.info("pod watch expired (410 Gone); listing again", resource_version=version)
+                    _logger.info("pod watch expired (410 Gone); listing again", resource_version=version)
                     version = ""
                     continue
-                _log.warning("pod watch failed", error=str(exc), code=exc.status.code, retry_in=backoff)
+                _logger.warning("pod watch failed", error=str(exc), code=exc.status.code, retry_in=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
             except Exception as exc:  # connection trouble: back off, then resume from `version`
-                _log.warning("pod watch interrupted; resuming", error=str(exc) or type(exc).__name__,
+                _logger.warning("pod watch interrupted; resuming", error=str(exc) or type(exc).__name__,
                              resource_version=version, retry_in=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
@@ -139,7 +139,7 @@ class PodSource:
         try:
             await on_change(kind, old, new)
         except Exception as exc:  # a handler failure must not stop the watch
-            _log.error("pod change handler failed", pod=pod.key, kind=kind, error=str(exc), exc_info=exc)
+            _logger.error("pod change handler failed", pod=pod.key, kind=kind, error=str(exc), exc_info=exc)
 
 
 async def _pods(listing):  # type: ignore[no-untyped-def]

@@ -33,7 +33,7 @@ from libs.events import codec, schema
 from libs.ledger import rules
 from libs.ledger import state as state_module
 from libs.ledger.state import LedgerState
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.store import rows
 from libs.store.replay import open_reader, replay
 
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 FORMAT = 1
-_log = get_logger("snapshot")
+_logger = get_logger("snapshot")
 
 
 class Header(msgspec.Struct, kw_only=True):
@@ -150,10 +150,10 @@ class SnapshotKeeper:
         try:
             await asyncio.to_thread(write_snapshot, self.log_path, seq, body, allocations=count)
         except OSError as exc:  # a cache: failing to write one costs a slower start, nothing else
-            _log.warning("could not write a snapshot", error=str(exc))
+            _logger.warning("could not write a snapshot", error=str(exc))
             return
         self.saved_seq = seq
-        _log.info("snapshot written", seq=seq, allocations=count)
+        _logger.info("snapshot written", seq=seq, allocations=count)
 
 
 def read_header(log_path: Path) -> tuple[Header, bytes] | None:
@@ -196,7 +196,7 @@ def load_state(log_path: Path) -> Restored:
     if isinstance(usable, str):
         discarded = usable
         if discarded:
-            _log.warning("snapshot discarded, replaying the whole log", reason=discarded)
+            _logger.warning("snapshot discarded, replaying the whole log", reason=discarded)
     else:
         state.__dict__.update(usable[1])
     start = state.seq

@@ -1,9 +1,9 @@
 """EventLog: the append-only allocation log as the allocator uses it.
 
-    log = await EventLog.open(path)
-    stored = await log.append([event, ...], command_id=request_id)   # durable when it returns
-    last = await log.replay(state.apply)                               # rebuild state
-    log.on_commit(callback)                                            # wake the outbox relay
+    event_log = await EventLog.open(path)
+    stored = await event_log.append([event, ...], command_id=request_id)   # durable when it returns
+    last = await event_log.replay(state.apply)                               # rebuild state
+    event_log.on_commit(callback)                                            # wake the outbox relay
 """
 
 from __future__ import annotations
@@ -88,15 +88,15 @@ class EventLog:
     @classmethod
     async def open(cls, path: str | Path) -> EventLog:
         path = Path(path)
-        log = cls(path)
-        log._lock_fd = writer_lock(path)  # first: a second writer, a read-only dir, are refused in one line
+        event_log = cls(path)
+        event_log._lock_fd = writer_lock(path)  # first: a second writer, a read-only dir, are refused in one line
         try:
             await asyncio.to_thread(create_schema, path)
-            await asyncio.to_thread(log._writer.start, asyncio.get_running_loop())
+            await asyncio.to_thread(event_log._writer.start, asyncio.get_running_loop())
         except BaseException:
-            log._unlock()
+            event_log._unlock()
             raise
-        return log
+        return event_log
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:

@@ -16,7 +16,7 @@ from libs.gpu import load_inventory
 from libs.gpu.backends import open_monitor
 from libs.kube.source import make_client
 from libs.ledger.snapshot import SnapshotKeeper, load_state
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.metrics import MetricsServer
 from libs.runtime import Supervisor
 from libs.store import EventLog
@@ -50,14 +50,14 @@ class AllocatorService:
 
 @asynccontextmanager
 async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
-    log = get_logger("allocator")
+    logger = get_logger("allocator")
     async with AsyncExitStack() as stack:
         extra_devices = default_devices(settings.extra_config)  # a bad file stops the start, first
         events = await EventLog.open(settings.log_path)
         stack.push_async_callback(events.close)
         restored = await asyncio.to_thread(load_state, settings.log_path)  # snapshot + the log's tail
         state = restored.state
-        log.info("state replayed", seq=state.seq, allocations=len(state.allocations),
+        logger.info("state replayed", seq=state.seq, allocations=len(state.allocations),
                  snapshot_seq=restored.snapshot_seq, replayed=restored.replayed)
         snapshots = SnapshotKeeper(settings.log_path, state, saved_seq=restored.snapshot_seq)
         stack.push_async_callback(snapshots.save)  # at a clean stop, so the next start replays nothing
@@ -66,7 +66,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
 
         found = await asyncio.to_thread(load_inventory, settings.gpus)
         await record_inventory(ledger, settings.node_name, found)
-        log.info("gpus", backend=found.backend, count=len(found.gpus))
+        logger.info("gpus", backend=found.backend, count=len(found.gpus))
 
         bus = await Bus.connect(settings.nats_url, name="allocator", node=settings.node_name)
         stack.push_async_callback(bus.close)
@@ -77,7 +77,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         try:
             client = make_client(settings.kubeconfig)
         except Exception as exc:  # no API access: allocate anyway, without writing annotations
-            log.warning("no Kubernetes API client: extender annotations will not be written", error=str(exc))
+            logger.warning("no Kubernetes API client: extender annotations will not be written", error=str(exc))
             client = None
         else:
             stack.push_async_callback(client.close)

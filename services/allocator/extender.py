@@ -38,7 +38,7 @@ from libs.kube.pods import (
     Pod,
 )
 from libs.ledger.state import Allocation, GpuUsage
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = [
     "PREDICATE_CHECK_ERROR",
@@ -50,7 +50,7 @@ __all__ = [
 
 PREDICATE_CHECK_ERROR = "PreStartContainerCheckErr"
 _PATCH_RETRY_FOR = 10.0
-_log = get_logger("allocator")
+_logger = get_logger("allocator")
 
 
 def core_limit(pod: Pod) -> int | None:
@@ -137,7 +137,7 @@ class AnnotationWriter:
             except Exception as exc:  # conflicts, timeouts, a pod already gone
                 if getattr(getattr(exc, "status", None), "code", None) == 404 or \
                         asyncio.get_running_loop().time() > deadline:
-                    _log.warning("pod annotations not written", pod=f"{namespace}/{name}", error=str(exc))
+                    _logger.warning("pod annotations not written", pod=f"{namespace}/{name}", error=str(exc))
                     return
                 await asyncio.sleep(1.0)
 
@@ -150,5 +150,5 @@ class AnnotationWriter:
             await self.client.patch(KubePod.Status, name, body, namespace=namespace,
                                     patch_type=PatchType.MERGE)
         except Exception as exc:
-            _log.warning("pod not marked failed", pod=f"{namespace}/{name}", error=str(exc))
+            _logger.warning("pod not marked failed", pod=f"{namespace}/{name}", error=str(exc))
 

@@ -43,7 +43,7 @@ from libs.events.schema import (
 )
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.ledger.state import Allocation, LedgerState
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.placement.hami_response import HamiDelivery
 from libs.placement.placement import NoRoom, place
 from libs.placement.responses import build_response
@@ -68,7 +68,7 @@ __all__ = ["Allocator"]
 
 _VCORE_ID = re.compile(r"^tencent\.com/vcuda-core-(\d+)$")
 _NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notification before asking
-_log = get_logger("allocator")
+_logger = get_logger("allocator")
 
 
 class Allocator:
@@ -273,7 +273,7 @@ class Allocator:
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
         done = time.perf_counter()
         append_ms = round((done - timing.pop("appending")) * 1000, 2)
-        _log.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
+        _logger.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
                   gpus=[s.index for s in granted.shares], seq=stored[0].seq, request_id=req.request_id,
                   append_ms=append_ms, **timing, total_ms=round((done - started) * 1000, 2))
         if not is_predicated(pod):
@@ -300,13 +300,13 @@ class Allocator:
         return place(view, links, cores=cores, memory=memory, share_mode=share_mode)
 
     async def _refuse(self, req: AllocateRequest, reason: str) -> None:
-        _log.warning("allocate refused", reason=reason, request_id=req.request_id, devices=len(req.device_ids))
+        _logger.warning("allocate refused", reason=reason, request_id=req.request_id, devices=len(req.device_ids))
         event = AllocationRefused(request_id=req.request_id, resource=req.resource,
                                   device_count=len(req.device_ids), reason=reason)
         try:
             await self.ledger.record_events([event])
         except Exception as exc:  # the refusal is still answered; only its record is lost
-            _log.error("could not record a refusal", error=str(exc))
+            _logger.error("could not record a refusal", error=str(exc))
 
     async def _pending_pods(self, *, fresh: bool) -> list[Pod]:
         return await self._pods(PodsRequest(phase="Pending", fresh=fresh))
@@ -357,7 +357,7 @@ class Allocator:
         # holds none, which is worth a warning, not a failed pod.
         problem = check_allocation(alloc, pods[0], cores=len(req.device_ids), vmemory=None)
         if holder is not None and holder.vmemory * MEMORY_BLOCK != alloc.memory:
-            _log.warning("the kubelet holds a different vmemory count than the pod spec asks for",
+            _logger.warning("the kubelet holds a different vmemory count than the pod spec asks for",
                          pod=f"{alloc.namespace}/{alloc.pod_name}", container=alloc.container,
                          kubelet_blocks=holder.vmemory, recorded_bytes=alloc.memory)
         if problem is not None:
@@ -377,7 +377,7 @@ class Allocator:
 
     async def fail_pod(self, alloc: Allocation, message: str) -> None:
         """gpu-manager's ALLOCATE_FAIL: free the pod's GPUs and mark it Failed."""
-        _log.warning("prestart check failed", pod=f"{alloc.namespace}/{alloc.pod_name}", error=message)
+        _logger.warning("prestart check failed", pod=f"{alloc.namespace}/{alloc.pod_name}", error=message)
         await self.release(ReleaseRequest(pod_uid=alloc.pod_uid, reason="prestart-check-failed"))
         await self.annotations.fail_pod(alloc.namespace, alloc.pod_name, message)
 
@@ -391,7 +391,7 @@ class Allocator:
             found = (await self.kubelet.list()).holders
         except PodResourcesUnavailable as exc:
             if not self._kubelet_warned:
-                _log.warning("pod-resources unavailable: keeping the Allocate-time guess of pods", error=str(exc))
+                _logger.warning("pod-resources unavailable: keeping the Allocate-time guess of pods", error=str(exc))
                 self._kubelet_warned = True
             return None
         self._kubelet_warned = False
@@ -421,7 +421,7 @@ class Allocator:
         self.corrections += len(events)
         running = {p.uid: p.status.phase == "Running" for p in pods}
         for w, ev in zip(wrong, events, strict=True):
-            _log.warning("grant corrected from the kubelet's pod-resources", alloc_id=ev.alloc_id,
+            _logger.warning("grant corrected from the kubelet's pod-resources", alloc_id=ev.alloc_id,
                          guessed=f"{w.alloc.namespace}/{w.alloc.pod_name}/{w.alloc.container}",
                          actual=f"{ev.namespace}/{ev.pod_name}/{ev.container}", memory=ev.memory, reason=reason)
         touched = {w.alloc.pod_uid: (w.alloc.namespace, w.alloc.pod_name) for w in wrong}
@@ -436,7 +436,7 @@ class Allocator:
             try:
                 await self.verify_identity(reason="reconcile")
             except (ServiceError, BusError) as exc:
-                _log.error("identity reconciliation failed", error=str(getattr(exc, "message", exc)))
+                _logger.error("identity reconciliation failed", error=str(getattr(exc, "message", exc)))
 
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
@@ -451,7 +451,7 @@ class Allocator:
 
         if not await self.ledger.record(decide):
             return ReleaseReply(released=[])
-        _log.info("released", pod_uid=req.pod_uid, reason=req.reason, alloc_ids=[a.alloc_id for a in held])
+        _logger.info("released", pod_uid=req.pod_uid, reason=req.reason, alloc_ids=[a.alloc_id for a in held])
         return ReleaseReply(released=[a.alloc_id for a in held])
 
     async def inventory(self, _req: InventoryRequest) -> InventoryReply:

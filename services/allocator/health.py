@@ -22,13 +22,13 @@ from libs.errors import ServiceError
 from libs.events.schema import GpuHealthChanged
 from libs.gpu.health import GpuEvent, HealthTracker, Transition, parse_xids
 from libs.gpu.monitor import FakeMonitor, GpuMonitor, InjectReply, InjectRequest, apply_injection, inject_subject
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.runtime import Supervisor
 from services.allocator.ledger import Ledger
 
 __all__ = ["HealthWatcher"]
 
-_log = get_logger("allocator")
+_logger = get_logger("allocator")
 _WAIT = 0.5  # seconds the event thread blocks in NVML before it checks whether to stop
 
 
@@ -52,7 +52,7 @@ class HealthWatcher:
         if isinstance(self.monitor, FakeMonitor):
             await self.bus.serve(inject_subject(self.bus.subjects.prefix), InjectRequest, self.inject)
         if not self.settings.health_checks:
-            _log.info("GPU health checks are off")
+            _logger.info("GPU health checks are off")
             return []
         loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._pump, args=(loop,), name="nvml-events", daemon=True)
@@ -70,7 +70,7 @@ class HealthWatcher:
             try:
                 events = self.monitor.wait_events(_WAIT)
             except Exception as exc:  # never let the thread die silently; NVML errors are retried
-                _log.error("GPU event wait failed", error=str(exc))
+                _logger.error("GPU event wait failed", error=str(exc))
                 self._stop.wait(_WAIT)
                 continue
             if events and not loop.is_closed():
@@ -80,7 +80,7 @@ class HealthWatcher:
         while True:
             for ev in await self._queue.get():
                 critical = self.tracker.critical(ev)
-                _log.warning("GPU event", gpu=ev.index, kind=ev.kind, xid=ev.xid or None, critical=critical,
+                _logger.warning("GPU event", gpu=ev.index, kind=ev.kind, xid=ev.xid or None, critical=critical,
                              detail=ev.detail)
                 await self._record(self.tracker.on_event(ev, time.monotonic()))
 
@@ -103,8 +103,8 @@ class HealthWatcher:
         event = GpuHealthChanged(index=tr.index, uuid=gpu.uuid, healthy=tr.healthy, reason=tr.reason, xid=tr.xid,
                                  detail=tr.detail)
         await self.ledger.record_events([event])
-        log = _log.info if tr.healthy else _log.error
-        log("GPU healthy again" if tr.healthy else "GPU marked unhealthy", gpu=tr.index, uuid=gpu.uuid,
+        say = _logger.info if tr.healthy else _logger.error
+        say("GPU healthy again" if tr.healthy else "GPU marked unhealthy", gpu=tr.index, uuid=gpu.uuid,
             reason=tr.reason, xid=tr.xid or None, detail=tr.detail)
 
     async def inject(self, req: InjectRequest) -> InjectReply:
@@ -115,5 +115,5 @@ class HealthWatcher:
             raise ServiceError(400, str(exc)) from exc
         if req.probe_error and self.settings.health_checks:
             await self.probe_all()  # a failing probe is seen at once, not at the next interval
-        _log.info("injected", gpu=req.gpu, done=done)
+        _logger.info("injected", gpu=req.gpu, done=done)
         return InjectReply(done=done)

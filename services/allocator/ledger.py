@@ -32,8 +32,8 @@ Decide = Callable[[LedgerState], Sequence[Event] | Awaitable[Sequence[Event]]]
 
 
 class Ledger:
-    def __init__(self, log: EventLog, state: LedgerState, *, observer: AllocatorObserver | None = None) -> None:
-        self._log = log
+    def __init__(self, event_log: EventLog, state: LedgerState, *, observer: AllocatorObserver | None = None) -> None:
+        self._log = event_log
         self._state = state
         self._lock = asyncio.Lock()
         self._observer = observer or AllocatorObserver()

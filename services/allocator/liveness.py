@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from libs.kube.pods import Pod
 from libs.ledger.state import LedgerState
-from libs.log import get_logger
+from libs.logger import get_logger
 from services.allocator.podresources import KubeletPodResources, KubeletRecord, PodResourcesUnavailable
 
 __all__ = ["GONE_AT_ALLOCATE", "gone_holders"]
 
 GONE_AT_ALLOCATE = "holder gone at allocate"  # the release event's reason
 _TERMINATED = ("Succeeded", "Failed")
-_log = get_logger("allocator")
+_logger = get_logger("allocator")
 
 
 async def gone_holders(
@@ -41,7 +41,7 @@ async def gone_holders(
         try:
             record = await kubelet.list()
         except PodResourcesUnavailable as exc:
-            _log.info("pod-resources unavailable: liveness from the pod cache only", error=str(exc))
+            _logger.info("pod-resources unavailable: liveness from the pod cache only", error=str(exc))
     return decide_gone(state, record, cached or {})
 
 

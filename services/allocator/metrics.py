@@ -42,9 +42,9 @@ APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.
 class CommitTimes:
     """When each committed seq was committed, until the relay has published it (for the lag in seconds)."""
 
-    def __init__(self, log: EventLog) -> None:
+    def __init__(self, event_log: EventLog) -> None:
         self._pending: collections.deque[tuple[int, float]] = collections.deque()
-        log.on_commit(self._committed)
+        event_log.on_commit(self._committed)
 
     def _committed(self, last_seq: int) -> None:
         self._pending.append((last_seq, time.monotonic()))
@@ -56,11 +56,11 @@ class CommitTimes:
 
 
 class AllocatorCollector(Collector):
-    def __init__(self, node: str, state: LedgerState, log: EventLog, relay: Relay, commits: CommitTimes,
+    def __init__(self, node: str, state: LedgerState, event_log: EventLog, relay: Relay, commits: CommitTimes,
                  usage: UsageSampler) -> None:
         self.node = node
         self.state = state
-        self.log = log
+        self.event_log = event_log
         self.relay = relay
         self.commits = commits
         self.usage = usage
@@ -121,7 +121,7 @@ class AllocatorCollector(Collector):
         yield fam
 
     def _log(self) -> Iterator[GaugeMetricFamily]:
-        last, published = self.log.last_seq, self.relay.published
+        last, published = self.event_log.last_seq, self.relay.published
         for name, doc, value in (
             ("gpuledger_log_last_seq", "Seq of the last event committed to the log", last),
             ("gpuledger_log_published_seq", "Seq of the last event published to JetStream", published),
@@ -198,10 +198,10 @@ class AllocatorMetrics(AllocatorObserver):
 
 
 @asynccontextmanager
-async def serving_metrics(settings: Settings, metrics: AllocatorMetrics, state: LedgerState, log: EventLog,
+async def serving_metrics(settings: Settings, metrics: AllocatorMetrics, state: LedgerState, event_log: EventLog,
                           relay: Relay, usage: UsageSampler) -> AsyncIterator[MetricsServer | None]:
     """The metrics server, reading ``state``, the log, the relay and the last usage sample (None when off)."""
-    commits = CommitTimes(log)
-    metrics.registry.register(AllocatorCollector(settings.node_name, state, log, relay, commits, usage))
+    commits = CommitTimes(event_log)
+    metrics.registry.register(AllocatorCollector(settings.node_name, state, event_log, relay, commits, usage))
     async with serving(settings, "allocator", metrics.registry, routes=_status_routes(state, usage)) as server:
         yield server

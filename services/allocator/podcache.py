@@ -17,11 +17,11 @@ from libs.bus.client import Bus
 from libs.commands import PodChanged, PodsReply, PodsRequest
 from libs.errors import BusError
 from libs.kube.pods import Pod
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["PodCache"]
 
-_log = get_logger("allocator")
+_logger = get_logger("allocator")
 
 
 class PodCache:
@@ -40,7 +40,7 @@ class PodCache:
         try:
             reply = await self.bus.request(self.bus.subjects.pods, PodsRequest(), PodsReply, timeout=timeout)
         except BusError as exc:
-            _log.info("pod cache not synced from the watchdog yet", error=str(exc))
+            _logger.info("pod cache not synced from the watchdog yet", error=str(exc))
             return
         self.pods = {p.uid: p for p in reply.pods}
         await self._bump()

@@ -15,11 +15,11 @@ from libs.bus.client import Bus
 from libs.commands import PodsReply, PodsRequest
 from libs.errors import BusError
 from libs.gpu.monitor import GpuMonitor, GpuSample
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["ContainerKey", "ContainerUse", "UsageSampler"]
 
-_log = get_logger("allocator")
+_logger = get_logger("allocator")
 
 ContainerKey = tuple[str, str]                   # (pod uid, container name)
 ContainerUse = dict[int, tuple[float, int, tuple[int, ...]]]  # gpu index -> (sm %, memory bytes, pids)
@@ -42,7 +42,7 @@ class UsageSampler:
             try:
                 await self.sample_once()
             except Exception as exc:  # one failed sample must not end the service
-                _log.warning("GPU usage sample failed", error=str(exc))
+                _logger.warning("GPU usage sample failed", error=str(exc))
             await asyncio.sleep(self.interval)
 
     async def sample_once(self) -> None:
@@ -69,7 +69,7 @@ class UsageSampler:
         try:
             reply = await self.bus.request(self.bus.subjects.pods, PodsRequest(), PodsReply, timeout=self.timeout)
         except BusError as exc:
-            _log.info("cannot map GPU processes to containers this time", error=str(exc))
+            _logger.info("cannot map GPU processes to containers this time", error=str(exc))
             return {}
         out = {}
         for pod in reply.pods:

@@ -15,7 +15,7 @@ from libs.errors import BusError
 from libs.events.codec import StoredEvent
 from libs.events.schema import InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.runtime import Supervisor
 from services.registrar.catalog import DeviceCatalog
 from services.registrar.health import DeviceHealth
@@ -25,7 +25,7 @@ from services.registrar.plugin import DevicePlugin
 
 __all__ = ["RegistrarService", "service"]
 
-_log = get_logger("registrar")
+_logger = get_logger("registrar")
 
 
 @dataclass
@@ -46,7 +46,7 @@ async def _load_catalog(bus: Bus, catalog: DeviceCatalog, timeout: float) -> Non
             return
         except BusError as exc:
             if waited >= 5.0:
-                _log.info("waiting for the allocator's GPU inventory", error=str(exc))
+                _logger.info("waiting for the allocator's GPU inventory", error=str(exc))
                 waited = 0.0
             await asyncio.sleep(delay)
             waited += delay

@@ -21,12 +21,12 @@ from libs.errors import BusError
 from libs.events.codec import StoredEvent
 from libs.events.schema import GpuHealthChanged
 from libs.kube.pods import RESOURCE_VCORE
-from libs.log import get_logger
+from libs.logger import get_logger
 from services.registrar.catalog import DeviceCatalog
 
 __all__ = ["DeviceHealth"]
 
-_log = get_logger("registrar")
+_logger = get_logger("registrar")
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 
@@ -40,7 +40,7 @@ class DeviceHealth:
     async def set_unhealthy(self, uuids: frozenset[str]) -> None:
         if uuids == self.unhealthy:
             return
-        _log.warning("GPU health changed", unhealthy=sorted(uuids))
+        _logger.warning("GPU health changed", unhealthy=sorted(uuids))
         async with self.catalog.changed:
             self.unhealthy = uuids
             self.catalog.version += 1
@@ -76,7 +76,7 @@ class DeviceHealth:
                         self.seq = reply.snapshot.seq
                         await self.set_unhealthy(frozenset(g.uuid for g in reply.snapshot.gpus if not g.healthy))
                 except BusError as exc:
-                    _log.debug("health resync failed; retrying", error=str(exc))
+                    _logger.debug("health resync failed; retrying", error=str(exc))
                     await asyncio.sleep(min(resync, 1.0))
                     continue
                 await asyncio.sleep(resync)

@@ -20,13 +20,13 @@ import grpc
 
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.unixsock import SocketPathTooLong, check_socket_path, file_identity
 from services.registrar.plugin import DevicePlugin
 
 __all__ = ["KubeletRegistration", "PluginServer"]
 
-_log = get_logger("registrar")
+_logger = get_logger("registrar")
 POLL = 0.2
 REGISTER_TIMEOUT = 15.0  # the kubelet dials back within 10 s
 
@@ -88,7 +88,7 @@ class KubeletRegistration:
                     else:
                         delay = min(delay * 2, 5.0)
                 elif current is None and kubelet_identity is not None:
-                    _log.warning("kubelet.sock disappeared; waiting for the kubelet", path=str(self.kubelet_socket))
+                    _logger.warning("kubelet.sock disappeared; waiting for the kubelet", path=str(self.kubelet_socket))
                     kubelet_identity = None
                     self.registered.clear()
                 await asyncio.sleep(delay)
@@ -114,10 +114,10 @@ class KubeletRegistration:
                     )
         except (grpc.aio.AioRpcError, OSError, SocketPathTooLong) as exc:
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-            _log.warning("registration with the kubelet failed; retrying", error=detail)
+            _logger.warning("registration with the kubelet failed; retrying", error=detail)
             return False
         self.registrations += 1
         self.registered.set()
-        _log.info("registered with the kubelet", resources=[s.plugin.resource for s in self.servers],
+        _logger.info("registered with the kubelet", resources=[s.plugin.resource for s in self.servers],
                   times=self.registrations)
         return True

@@ -22,13 +22,13 @@ from libs.events.schema import ContainerResponse
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from libs.log import get_logger
+from libs.logger import get_logger
 from services.registrar.catalog import DeviceCatalog, InvalidDevices
 from services.registrar.health import DeviceHealth
 
 __all__ = ["DevicePlugin", "to_proto"]
 
-_log = get_logger("registrar")
+_logger = get_logger("registrar")
 
 _GRPC_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -82,7 +82,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                 ids = self.catalog.ids(self.resource)
                 states = self.health.states(self.resource, ids) if self.health else ["Healthy"] * len(ids)
             unhealthy = sum(s != "Healthy" for s in states)
-            _log.info("advertising", resource=self.resource, devices=len(ids), unhealthy=unhealthy)
+            _logger.info("advertising", resource=self.resource, devices=len(ids), unhealthy=unhealthy)
             yield pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health=h) for i, h in zip(ids, states, strict=True)])
 
     async def GetPreferredAllocation(
@@ -110,7 +110,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                               deadline=time.time() + timeout)
         asked = time.perf_counter()
         reply = await self._ask(context, self.bus.subjects.allocate, req, AllocateReply, timeout)
-        _log.info("allocated", request_id=req.request_id, alloc_id=reply.alloc_id, container=reply.container,
+        _logger.info("allocated", request_id=req.request_id, alloc_id=reply.alloc_id, container=reply.container,
                   pod=f"{reply.namespace}/{reply.pod_name}", pod_uid=reply.pod_uid,
                   allocator_ms=round((time.perf_counter() - asked) * 1000, 2))
         return pb.AllocateResponse(container_responses=[to_proto(reply.response)])
@@ -131,7 +131,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         try:
             self.catalog.check(self.resource, ids)
         except InvalidDevices as exc:
-            _log.warning("request refused", resource=self.resource, error=str(exc))
+            _logger.warning("request refused", resource=self.resource, error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def _ask(self, context: grpc.aio.ServicerContext, subject: str, req, reply_type, timeout: float):  # type: ignore[no-untyped-def]

@@ -16,13 +16,13 @@ from pathlib import Path
 
 from libs.hami import CACHE_SUBDIR, preload_text
 from libs.ledger.state import LedgerState
-from libs.log import get_logger
+from libs.logger import get_logger
 from services.vmanager.configfiles import write_atomic
 from services.vmanager.names import is_container_name
 
 __all__ = ["CacheDirs", "make_cache_dirs", "prepare_node", "write_preload"]
 
-_log = get_logger("vmanager")
+_logger = get_logger("vmanager")
 
 
 def _mkdir(path: Path, mode: int) -> None:
@@ -58,7 +58,7 @@ def prepare_node(preload: Path, mount_dir: str, lock_dir: Path, library: Path) -
     lock_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(lock_dir, 0o1777)
     if not library.is_file():
-        _log.error("HAMi-core's library is missing: containers mounting it will fail to start",
+        _logger.error("HAMi-core's library is missing: containers mounting it will fail to start",
                    hami_library=str(library))
 
 

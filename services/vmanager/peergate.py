@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.cgroups import AmbiguousCgroup, CgroupOwner, owner_of_process
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["SOCKET_MODE", "Caller", "Callers", "PeerGate", "check_caller"]
 
-_log = get_logger("vmanager")
+_logger = get_logger("vmanager")
 
 # Connecting to a unix socket needs write permission on it; containers run as any uid. Who may
 # actually talk is decided by the cgroup check, not by the mode.
@@ -138,7 +138,7 @@ class PeerGate:
         pid, uid, _gid = _peercred(writer.get_extra_info("socket"))
         caller = await asyncio.to_thread(check_caller, self.proc_root, self.pod_uid, pid, uid)
         if caller.refusal:
-            _log.warning("vcuda.sock caller refused", pod_uid=self.pod_uid, pid=pid, uid=uid, reason=caller.refusal)
+            _logger.warning("vcuda.sock caller refused", pod_uid=self.pod_uid, pid=pid, uid=uid, reason=caller.refusal)
         backend = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             backend.setblocking(False)
@@ -146,7 +146,7 @@ class PeerGate:
             await asyncio.get_running_loop().sock_connect(backend, str(self.backend))
         except OSError as exc:
             backend.close()
-            _log.error("vcuda backend unreachable", pod_uid=self.pod_uid, error=str(exc))
+            _logger.error("vcuda backend unreachable", pod_uid=self.pod_uid, error=str(exc))
             return
         name = backend.getsockname()
         peer = "unix-abstract:" + (name[1:].decode() if isinstance(name, bytes) else name.lstrip("\0"))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.unixsock import check_socket_path, file_identity
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from services.vmanager.cleanup import remove_pod_dir
@@ -35,7 +35,7 @@ __all__ = ["SOCKET_NAME", "PodGone", "PodPaths", "PodSockets"]
 
 SOCKET_NAME = "vcuda.sock"
 
-_log = get_logger("vmanager")
+_logger = get_logger("vmanager")
 
 
 
@@ -97,7 +97,7 @@ class PodSockets:
             running = self.servers.get(pod_uid)
             if running is not None and (running.identity is None
                                         or file_identity(paths.socket) != running.identity):
-                _log.warning("vcuda.sock vanished; restarting its server",
+                _logger.warning("vcuda.sock vanished; restarting its server",
                              pod_uid=pod_uid, socket=str(paths.socket))
                 await self._stop(pod_uid)
                 running = None
@@ -114,7 +114,7 @@ class PodSockets:
         if self._backend_server is not None:
             if file_identity(self.backend) == self._backend_identity:
                 return
-            _log.warning("the private vcuda backend socket vanished; restarting it", socket=str(self.backend))
+            _logger.warning("the private vcuda backend socket vanished; restarting it", socket=str(self.backend))
             await self._backend_server.stop(None)
             self._backend_server = None
         check_socket_path(self.backend)
@@ -152,7 +152,7 @@ class PodSockets:
             await gate.close()
             raise
         self.servers[pod_uid] = _Running(server=gate, identity=file_identity(paths.socket))
-        _log.info("serving vcuda.sock", pod_uid=pod_uid, socket=str(paths.socket))
+        _logger.info("serving vcuda.sock", pod_uid=pod_uid, socket=str(paths.socket))
 
     async def _stop(self, pod_uid: str) -> None:
         running = self.servers.pop(pod_uid, None)
@@ -170,7 +170,7 @@ class PodSockets:
                 return False
             await self._stop(pod_uid)
             if await asyncio.to_thread(remove_pod_dir, self.vm_root, pod_uid):
-                _log.info("removed pod directory", pod_uid=pod_uid)
+                _logger.info("removed pod directory", pod_uid=pod_uid)
             return True
 
     async def retain(self, live: set[str]) -> None:
@@ -186,7 +186,7 @@ class PodSockets:
             await asyncio.wait_for(self._lock.acquire(), timeout)
             held = True
         except TimeoutError:
-            _log.error("vcuda.sock servers stopped while a prepare still held them", timeout=timeout)
+            _logger.error("vcuda.sock servers stopped while a prepare still held them", timeout=timeout)
         try:
             servers, self.servers = self.servers, {}
             await asyncio.gather(*(r.server.close() for r in servers.values()))

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.ledger.state import LedgerState
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.vcuda.config import SIZE, config_for, decode, encode
 from services.vmanager.configfiles import CONFIG_NAME, container_dir, write_atomic
 
 __all__ = ["Realigned", "realign_pod_dir", "wanted_configs"]
 
-_log = get_logger("vmanager")
+_logger = get_logger("vmanager")
 
 
 @dataclass
@@ -42,7 +42,7 @@ def wanted_configs(state: LedgerState, pod_uid: str) -> dict[str, bytes]:
         try:
             out[alloc.container] = encode(config_for(alloc, container_name=alloc.container, driver_version=driver))
         except ValueError as exc:  # registration refuses it the same way; nothing to rewrite
-            _log.warning("cannot encode vcuda.config", pod_uid=pod_uid, container=alloc.container, error=str(exc))
+            _logger.warning("cannot encode vcuda.config", pod_uid=pod_uid, container=alloc.container, error=str(exc))
     return out
 
 
@@ -83,5 +83,5 @@ def realign_pod_dir(pod_dir: Path, wanted: dict[str, bytes]) -> Realigned:
         except FileNotFoundError:
             continue  # removed meanwhile (the pod's teardown)
         except ValueError as exc:
-            _log.warning("leaving a container entry alone", path=str(target), error=str(exc))
+            _logger.warning("leaving a container entry alone", path=str(target), error=str(exc))
     return done

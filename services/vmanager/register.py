@@ -23,7 +23,7 @@ import grpc
 
 from libs.cgroups import encode_pids, find_container_cgroup, read_pids
 from libs.ledger.state import Allocation, LedgerState
-from libs.log import get_logger
+from libs.logger import get_logger
 from libs.vcuda import api_pb2 as pb
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from libs.vcuda.config import config_for, encode
@@ -34,7 +34,7 @@ from services.vmanager.peergate import Caller, Callers
 
 __all__ = ["RegisterError", "VDeviceRegistrations", "VcudaServicer"]
 
-_log = get_logger("vmanager")
+_logger = get_logger("vmanager")
 
 # Keep a little of the caller's deadline to write the file and answer.
 _DEADLINE_MARGIN = 0.5
@@ -119,7 +119,7 @@ class VDeviceRegistrations:
                 f"no processes found for container {container_id} of pod {pod_uid} under "
                 f"{self.cgroup_root} (cgroup v1/v2, cgroupfs/systemd, docker/containerd/CRI-O layouts tried)"))
         else:  # legacy name variant: that library reads /etc/vcuda//pids.config, which nobody writes
-            _log.warning("pids.config not written: the caller's container is unknown",
+            _logger.warning("pids.config not written: the caller's container is unknown",
                          pod_uid=pod_uid, container=name)
         files[CONFIG_NAME] = data
         try:
@@ -147,7 +147,7 @@ class VDeviceRegistrations:
             found = find_container_cgroup(self.cgroup_root, caller.pod_uid, container_id, qos, extra=extra)
             return read_pids(found) if found else []
         except OSError as exc:
-            _log.warning("cannot read the container's cgroup", container_id=container_id, error=str(exc))
+            _logger.warning("cannot read the container's cgroup", container_id=container_id, error=str(exc))
             return []
 
     async def _name_of(self, pod_uid: str, container_id: str, time_left: float | None) -> ContainerRef:
@@ -184,10 +184,10 @@ class VcudaServicer(pb_grpc.VCUDAServiceServicer):
                 caller, self.vm_root / caller.pod_uid, request, time_left=context.time_remaining()
             )
         except RegisterError as exc:
-            _log.warning("registration refused", pod_uid=caller.pod_uid if caller else None,
+            _logger.warning("registration refused", pod_uid=caller.pod_uid if caller else None,
                          pid=caller.pid if caller else None, code=exc.code.name, error=exc.message)
             await context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc  # context.abort raises
-        _log.info("container bound", pod_uid=caller.pod_uid, container=name, entry=entry, written=changed,
+        _logger.info("container bound", pod_uid=caller.pod_uid, container=name, entry=entry, written=changed,
                   pids=pids)
         return pb.VDeviceResponse()

@@ -36,14 +36,14 @@ from libs.bus.follow import LogFollower
 from libs.events.codec import StoredEvent
 from libs.events.schema import AllocationCorrected, AllocationGranted, AllocationReleased
 from libs.ledger.state import LedgerState
-from libs.log import get_logger
+from libs.logger import get_logger
 from services.vmanager.cleanup import scan_vm_root
 from services.vmanager.podsockets import PodGone, PodSockets
 from services.vmanager.realign import realign_pod_dir, wanted_configs
 
 __all__ = ["AllocationTracker", "stream_last_seq"]
 
-_log = get_logger("vmanager")
+_logger = get_logger("vmanager")
 
 
 async def stream_last_seq(bus: Bus) -> int:
@@ -70,7 +70,7 @@ class AllocationTracker:
 
     async def run(self) -> None:
         self.target = await stream_last_seq(self.bus)
-        _log.info("following the allocation log", catch_up_to=self.target)
+        _logger.info("following the allocation log", catch_up_to=self.target)
         if self.target == 0:
             await self._reconcile()
         try:
@@ -110,9 +110,9 @@ class AllocationTracker:
         await asyncio.sleep(self.settle)
         try:
             if await self.sockets.teardown(pod_uid, unless_held=True):
-                _log.info("pod left without grants by a correction: directory removed", pod_uid=pod_uid)
+                _logger.info("pod left without grants by a correction: directory removed", pod_uid=pod_uid)
         except (OSError, ValueError) as exc:
-            _log.error("cannot remove pod directory", pod_uid=pod_uid, error=str(exc))
+            _logger.error("cannot remove pod directory", pod_uid=pod_uid, error=str(exc))
 
     async def _realign(self, pod_uid: str) -> None:
         """Rewrite or remove the pod's vcuda.config files that disagree with the ledger."""
@@ -120,10 +120,10 @@ class AllocationTracker:
             pod_dir = self.sockets.paths(pod_uid).directory
             done = await asyncio.to_thread(realign_pod_dir, pod_dir, wanted_configs(self.state, pod_uid))
         except (OSError, ValueError) as exc:
-            _log.error("cannot realign vcuda.config files", pod_uid=pod_uid, error=str(exc))
+            _logger.error("cannot realign vcuda.config files", pod_uid=pod_uid, error=str(exc))
             return
         if done.rewritten or done.removed:
-            _log.info("vcuda.config files follow the corrected grants", pod_uid=pod_uid,
+            _logger.info("vcuda.config files follow the corrected grants", pod_uid=pod_uid,
                       rewritten=done.rewritten, removed=done.removed)
 
     async def _reconcile(self) -> None:
@@ -131,7 +131,7 @@ class AllocationTracker:
         await self.sockets.retain(live)
         pod_dirs, others = await asyncio.to_thread(scan_vm_root, self.vm_root)
         for name in sorted(others - self._warned):
-            _log.warning("leaving an entry of the vm directory alone: not named like a pod UID",
+            _logger.warning("leaving an entry of the vm directory alone: not named like a pod UID",
                          path=str(self.vm_root / name))
         self._warned |= others
         if self.state.seq > 0:
@@ -140,7 +140,7 @@ class AllocationTracker:
         for pod_uid in sorted(live):
             await self._prepare(pod_uid)
             await self._realign(pod_uid)
-        _log.info("caught up with the allocation log", seq=self.state.seq, pods=len(live),
+        _logger.info("caught up with the allocation log", seq=self.state.seq, pods=len(live),
                   removed=len(pod_dirs - live) if self.state.seq > 0 else 0)
         self.caught_up.set()
 
@@ -151,10 +151,10 @@ class AllocationTracker:
         except PodGone:
             pass
         except (OSError, ValueError, RuntimeError) as exc:
-            _log.error("cannot serve vcuda.sock", pod_uid=pod_uid, error=str(exc))
+            _logger.error("cannot serve vcuda.sock", pod_uid=pod_uid, error=str(exc))
 
     async def _teardown(self, pod_uid: str) -> None:
         try:
             await self.sockets.teardown(pod_uid)
         except (OSError, ValueError) as exc:
-            _log.error("cannot remove pod directory", pod_uid=pod_uid, error=str(exc))
+            _logger.error("cannot remove pod directory", pod_uid=pod_uid, error=str(exc))

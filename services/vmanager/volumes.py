@@ -34,12 +34,12 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from libs.config import Settings
-from libs.log import get_logger
+from libs.logger import get_logger
 from services.vmanager.ldcache import CacheEntry, LdCacheError, read_ld_cache
 
 __all__ = ["VolumeReport", "build_from_settings", "build_volumes", "plan_libraries", "soname_of"]
 
-_log = get_logger("vmanager")
+_logger = get_logger("vmanager")
 
 BINARIES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-debugdump", "nvidia-persistenced",
             "nvidia-smi")
@@ -74,7 +74,7 @@ def soname_of(path: Path) -> str | None:
                 for tag in section.iter_tags("DT_SONAME"):  # type: ignore[attr-defined]
                     return str(tag.soname)
     except (ELFError, OSError, ValueError, KeyError) as exc:
-        _log.warning("cannot read a library's soname", path=str(path), error=str(exc))
+        _logger.warning("cannot read a library's soname", path=str(path), error=str(exc))
     return None
 
 
@@ -229,7 +229,7 @@ def build_volumes(
         _volume(vdriver_root / "nvidia", "nvidia", share_files, control=control, hook=share_mode),
     ]
     if share_mode and control is None:
-        _log.error("no libcuda-control.so found: the share volume has no CUDA driver, so fractional "
+        _logger.error("no libcuda-control.so found: the share volume has no CUDA driver, so fractional "
                    "containers fail to load CUDA instead of running unlimited",
                    ld_cache=str(ld_cache))
     return reports
@@ -240,7 +240,7 @@ def build_from_settings(settings: Settings) -> list[VolumeReport] | None:
     not fatal (fake GPUs, or a node being set up): the volumes are then built on the next start."""
     ld_cache = Path(settings.ld_cache)
     if not ld_cache.is_file():
-        _log.warning("no ld.so.cache: driver volumes not built", ld_cache=str(ld_cache))
+        _logger.warning("no ld.so.cache: driver volumes not built", ld_cache=str(ld_cache))
         return None
     control = Path(settings.vcuda_control_library) if settings.vcuda_control_library else None
     try:
@@ -250,9 +250,9 @@ def build_from_settings(settings: Settings) -> list[VolumeReport] | None:
             share_mode=settings.share_mode, control_library=control,
         )
     except (OSError, LdCacheError) as exc:
-        _log.error("cannot build the driver volumes", vdriver=str(settings.vdriver_root), error=str(exc))
+        _logger.error("cannot build the driver volumes", vdriver=str(settings.vdriver_root), error=str(exc))
         return None
     for r in reports:
-        _log.info("driver volume ready", volume=r.name, files=r.files, links=r.links, changed=r.changed,
+        _logger.info("driver volume ready", volume=r.name, files=r.files, links=r.links, changed=r.changed,
                   removed=r.removed, hooked=r.hooked)
     return reports

@@ -14,11 +14,11 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod as KubePod
 
 from libs.kube.pods import Pod
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["PRESTART_FAILED", "UNEXPECTED_ADMISSION", "AdmissionCleanup", "admission_failed", "controller_owned"]
 
-_log = get_logger("watchdog")
+_logger = get_logger("watchdog")
 UNEXPECTED_ADMISSION = "UnexpectedAdmissionError"
 PRESTART_FAILED = "PreStartContainer check failed"
 RETRY_FOR = 10.0  # gpu-manager: retry every 1 s for up to 10 s on conflicts and timeouts
@@ -57,7 +57,7 @@ class AdmissionCleanup:
             return False
         if not controller_owned(pod):
             self._done.add(pod.uid)
-            _log.info("pod failed admission; left in place (no controller owns it)", pod=pod.key)
+            _logger.info("pod failed admission; left in place (no controller owns it)", pod=pod.key)
             return False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RETRY_FOR
@@ -73,6 +73,6 @@ class AdmissionCleanup:
                 await asyncio.sleep(1.0)
         self._done.add(pod.uid)
         self.deleted.append(pod.key)
-        _log.info("deleted a pod that failed admission, so that its controller recreates it", pod=pod.key,
+        _logger.info("deleted a pod that failed admission, so that its controller recreates it", pod=pod.key,
                   reason=pod.status.reason or PRESTART_FAILED)
         return True

@@ -17,11 +17,11 @@ from lightkube.types import PatchType
 from libs.kube.annotations import disagreeing, ready_annotations, started
 from libs.kube.pods import Pod
 from libs.ledger.state import Allocation
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["AnnotationRepair"]
 
-_log = get_logger("watchdog")
+_logger = get_logger("watchdog")
 
 
 class AnnotationRepair:
@@ -37,5 +37,5 @@ class AnnotationRepair:
         await self.client.patch(KubePod, pod.metadata.name, {"metadata": {"annotations": fix}},
                                 namespace=pod.metadata.namespace, patch_type=PatchType.MERGE)
         self.patched.append(pod.key)
-        _log.info("patched annotations that disagreed with the ledger", pod=pod.key, annotations=fix)
+        _logger.info("patched annotations that disagreed with the ledger", pod=pod.key, annotations=fix)
         return True

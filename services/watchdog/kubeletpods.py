@@ -14,11 +14,11 @@ import grpc.aio
 
 from libs.kubelet.podresources.v1 import api_pb2 as pr
 from libs.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["KubeletPods", "KubeletView"]
 
-_log = get_logger("watchdog")
+_logger = get_logger("watchdog")
 
 # (namespace, pod name, container) -> {resource name: device IDs}
 KubeletView = dict[tuple[str, str, str], dict[str, set[str]]]
@@ -38,7 +38,7 @@ class KubeletPods:
                 reply = await pr_grpc.PodResourcesListerStub(channel).List(
                     pr.ListPodResourcesRequest(), timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
-            _log.warning("pod-resources List failed", socket=str(self.socket), error=exc.details())
+            _logger.warning("pod-resources List failed", socket=str(self.socket), error=exc.details())
             return None
         view: KubeletView = {}
         for pod in reply.pod_resources:

@@ -15,11 +15,11 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["MANAGED_ANNOTATION", "MODEL_LABEL", "NodeLabeler", "model_label_value"]
 
-_log = get_logger("watchdog")
+_logger = get_logger("watchdog")
 MODEL_LABEL = "gaia.tencent.com/gpu-model"  # gpu-manager's key, so existing node selectors keep working
 MANAGED_ANNOTATION = "gpuledger.io/managed-labels"
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
@@ -66,5 +66,5 @@ class NodeLabeler:
             patch_type=PatchType.MERGE,
         )
         self.updates += 1
-        _log.info("node labels updated", node=self.node, changes=changes)
+        _logger.info("node labels updated", node=self.node, changes=changes)
         return True

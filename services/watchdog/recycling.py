@@ -38,7 +38,7 @@ from libs.errors import BusError
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.kube.source import PodSource
 from libs.ledger.state import Allocation
-from libs.log import get_logger
+from libs.logger import get_logger
 from services.watchdog.admission import AdmissionCleanup, admission_failed
 from services.watchdog.annotations import AnnotationRepair
 from services.watchdog.kubeletpods import KubeletPods, KubeletView
@@ -46,7 +46,7 @@ from services.watchdog.labels import NodeLabeler
 
 __all__ = ["Recycler", "Repairs"]
 
-_log = get_logger("watchdog")
+_logger = get_logger("watchdog")
 _VERBS = {"ADDED": "added", "MODIFIED": "updated", "DELETED": "deleted"}
 
 
@@ -123,10 +123,10 @@ class Recycler:
                 timeout=self.timeout,
             )
         except BusError as exc:  # the allocator is away: reconciliation will repair it
-            _log.warning("release request failed", pod_uid=pod_uid, error=str(exc))
+            _logger.warning("release request failed", pod_uid=pod_uid, error=str(exc))
             return False
         if reply.released:
-            _log.info("released", pod_uid=pod_uid, reason=reason, alloc_ids=reply.released)
+            _logger.info("released", pod_uid=pod_uid, reason=reason, alloc_ids=reply.released)
         return True
 
     async def reconcile(self) -> Repairs:
@@ -164,7 +164,8 @@ class Recycler:
                 if devices.get(RESOURCE_VCORE, set()) - recorded:
                     repairs.unrecorded.append(f"{ns}/{name}/{ctr}")
             if repairs.unrecorded:
-                _log.warning("the kubelet reports GPU devices the ledger does not hold", containers=repairs.unrecorded)
+                _logger.warning("the kubelet reports GPU devices the ledger does not hold",
+                                containers=repairs.unrecorded)
 
         if self.labeler is not None:
             inventory = await self.bus.request(self.bus.subjects.inventory, InventoryRequest(), InventoryReply,
@@ -178,12 +179,12 @@ class Recycler:
             try:
                 repairs = await self.reconcile()
                 if repairs:
-                    _log.info("reconciliation repaired state", released=repairs.released, deleted=repairs.deleted,
+                    _logger.info("reconciliation repaired state", released=repairs.released, deleted=repairs.deleted,
                               patched=repairs.patched, labels_updated=repairs.labels_updated)
             except (BusError, TimeoutError, OSError) as exc:
-                _log.warning("reconciliation skipped", error=str(exc) or type(exc).__name__)
+                _logger.warning("reconciliation skipped", error=str(exc) or type(exc).__name__)
             except Exception as exc:  # an API error: try again next period
-                _log.warning("reconciliation failed", error=str(exc) or type(exc).__name__)
+                _logger.warning("reconciliation failed", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(period)
 
 

@@ -26,7 +26,7 @@ __all__ = ["Containerd", "RuntimeUnavailable", "runtime_unavailable_reason"]
 NAMESPACE = "k8s.io"  # the CRI plugin's containerd namespace
 _TOOLS = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
 
-_log = logger("containerd")
+_logger = logger("containerd")
 
 
 class RuntimeUnavailable(RuntimeError):
@@ -181,7 +181,7 @@ class Containerd:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - started
-        _log.info("containerd started", socket=str(self.socket), snapshotter=self.snapshotter,
+        _logger.info("containerd started", socket=str(self.socket), snapshotter=self.snapshotter,
                   pid=self._proc.pid, seconds=round(self.start_seconds, 3))
 
     def _wait_ready(self, deadline: float) -> None:
@@ -226,5 +226,5 @@ class Containerd:
             self._reaper = None
         left = survivors(self.leftovers)
         if left:
-            _log.error("real-runtime leftovers", leftovers=left)
+            _logger.error("real-runtime leftovers", leftovers=left)
         return left

@@ -54,7 +54,7 @@ WAIT_FOR_TERM = "trap 'exit 0' TERM; sleep 2147483647 & wait"
 LOCAL_IMAGE_PREFIX = "localhost/gpuledger/"
 MAX_STOP_GRACE = 10
 
-_log = logger("runtime")
+_logger = logger("runtime")
 
 
 class ContainerCreateError(Exception):
@@ -146,7 +146,7 @@ class PodRuntime:
         except grpc.aio.AioRpcError as err:
             raise ContainerCreateError("CreatePodSandboxError", f"RunPodSandbox: {err.details()}") from err
         self._pods[uid] = _Pod(uid, sandbox_id, config, config.linux.cgroup_parent)
-        _log.info("pod sandbox running", pod=uid, sandbox=sandbox_id[:13])
+        _logger.info("pod sandbox running", pod=uid, sandbox=sandbox_id[:13])
         return self._pods[uid]
 
     # -- containers ----------------------------------------------------------------------------
@@ -220,7 +220,7 @@ class PodRuntime:
                 await self.client.start_container(cid)
             except grpc.aio.AioRpcError as err:
                 raise ContainerCreateError("RunContainerError", err.details() or str(err.code())) from err
-        _log.info("container started", pod=uid, container=name, id=cid[:13])
+        _logger.info("container started", pod=uid, container=name, id=cid[:13])
         return cid
 
     async def wait_exited(self, cid: str, timeout: float) -> int:
@@ -247,16 +247,16 @@ class PodRuntime:
                 try:
                     await call(entry.sandbox_id)
                 except grpc.aio.AioRpcError as err:
-                    _log.warning("sandbox teardown failed", pod=uid, error=err.details())
+                    _logger.warning("sandbox teardown failed", pod=uid, error=err.details())
             await asyncio.to_thread(remove_pod_cgroups, entry.cgroup_parent)
         self._locks.pop(uid, None)
-        _log.info("pod removed from the runtime", pod=uid)
+        _logger.info("pod removed from the runtime", pod=uid)
 
     async def _stop_container(self, cid: str, grace: int) -> None:
         try:
             await self.client.stop_container(cid, grace)
         except grpc.aio.AioRpcError as err:
-            _log.warning("container stop failed", id=cid[:13], error=err.details())
+            _logger.warning("container stop failed", id=cid[:13], error=err.details())
         # A pod deleted while its StartContainer was still in flight: containerd refuses the removal
         # ("in starting state") until the start has finished; try again for a few seconds.
         for attempt in range(50):
@@ -265,7 +265,7 @@ class PodRuntime:
                 return
             except grpc.aio.AioRpcError as err:
                 if attempt == 49 or "starting state" not in (err.details() or ""):
-                    _log.warning("container removal failed", id=cid[:13], error=err.details())
+                    _logger.warning("container removal failed", id=cid[:13], error=err.details())
                     return
                 await asyncio.sleep(0.1)
                 with contextlib.suppress(grpc.aio.AioRpcError):

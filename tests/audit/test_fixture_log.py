@@ -76,13 +76,13 @@ def test_the_audit_view_at_every_seq_is_what_it_was() -> None:
 async def test_todays_writer_continues_the_old_log(tmp_path: Path) -> None:
     copy = tmp_path / "ledger.sqlite"
     shutil.copyfile(LOG, copy)
-    log = await EventLog.open(copy)
+    event_log = await EventLog.open(copy)
     try:
         last = EXPECTED["records"][-1]
-        stored = await log.append([to_record_event()])
+        stored = await event_log.append([to_record_event()])
         assert stored[0].seq == last["seq"] + 1
     finally:
-        await log.close()
+        await event_log.close()
     assert verify_log(copy).ok
 
 

@@ -96,13 +96,13 @@ def test_bad_checkpoints_are_refused_and_write_nothing(tmp_path: Path) -> None:
 async def test_a_log_with_history_or_a_running_allocator_is_refused(tmp_path: Path) -> None:
     cp = write_checkpoint(tmp_path / "cp.json", CHECKPOINT)
     state = tmp_path / "state"
-    log = await EventLog.open(state / "ledger.sqlite")
+    event_log = await EventLog.open(state / "ledger.sqlite")
     try:
         run = do_import(cp, state)
         assert run.returncode == 1 and "is the allocator running" in run.stderr
-        await log.append([AllocationReleased(alloc_id="a", pod_uid="u", container="c", reason="deleted")])
+        await event_log.append([AllocationReleased(alloc_id="a", pod_uid="u", container="c", reason="deleted")])
     finally:
-        await log.close()
+        await event_log.close()
     run = do_import(cp, state)
     assert run.returncode == 1 and "already holds allocation history" in run.stderr
 

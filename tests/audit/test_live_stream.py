@@ -28,16 +28,16 @@ TOKEN = "ip-10-0-0-1_2Eec2_2Einternal"  # as the README's NATS subjects section 
 @contextlib.asynccontextmanager
 async def publishing(url: str, path: Path):  # type: ignore[no-untyped-def]
     bus = await Bus.connect(url, name="allocator", node=NODE)
-    log = await EventLog.open(path)
-    relay = Relay(bus, log)
+    event_log = await EventLog.open(path)
+    relay = Relay(bus, event_log)
     task = asyncio.create_task(relay.run())
     try:
-        yield log, relay
+        yield event_log, relay
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await log.close()
+        await event_log.close()
         await bus.close()
 
 
@@ -54,11 +54,11 @@ async def test_a_plain_nats_client_sees_the_documented_subjects(nats_server: Nat
     await nc.subscribe(f"gpuledger.{TOKEN}.alloc.*", cb=collect)
     await nc.subscribe(f"gpuledger.{TOKEN}.inventory.*", cb=collect)
     try:
-        async with publishing(nats_server.url, short_dir / "ledger.sqlite") as (log, relay):
+        async with publishing(nats_server.url, short_dir / "ledger.sqlite") as (event_log, relay):
             gpu = GpuInfo(index=0, minor=0, uuid="GPU-0", memory=1 << 34)
-            await log.append([InventoryRecorded(node=NODE, backend="fake", gpus=(gpu,))])
+            await event_log.append([InventoryRecorded(node=NODE, backend="fake", gpus=(gpu,))])
             for i in range(5):
-                await log.append([released_event(i)])
+                await event_log.append([released_event(i)])
             await relay.wait_published(6, timeout=10)
             # A late subscriber replays the stream, by its documented name, from any seq.
             js = nc.jetstream()
@@ -110,9 +110,9 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
 async def test_events_follow_reads_the_stream_and_catches_up(
     nats_server: NatsServer, short_dir: Path, mode: str
 ) -> None:
-    async with publishing(nats_server.url, short_dir / "ledger.sqlite") as (log, _relay):
+    async with publishing(nats_server.url, short_dir / "ledger.sqlite") as (event_log, _relay):
         for i in range(10):
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         extra = ["--durable", "ops-audit"] if mode == "durable" else []
         proc = await start_follow(nats_server.url, *extra)  # the node is found: the only gpuledger stream
         try:
@@ -121,13 +121,13 @@ async def test_events_follow_reads_the_stream_and_catches_up(
         finally:
             await stop(proc)
         for i in range(10, 25):  # while the follower is away
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         resume = ["--since", str(first[-1])] if mode == "since" else []
         proc = await start_follow(nats_server.url, "--node-name", NODE, *extra, *resume)
         try:
             second = await read_seqs(proc, 15)
             for i in range(25, 30):  # and live again
-                await log.append([released_event(i)])
+                await event_log.append([released_event(i)])
             third = await read_seqs(proc, 5)
         finally:
             await stop(proc)

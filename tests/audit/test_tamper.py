@@ -19,12 +19,12 @@ from tests.builders import released_event
 
 
 async def write(path: Path, count: int) -> None:
-    log = await EventLog.open(path)
+    event_log = await EventLog.open(path)
     try:
         for i in range(count):
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
     finally:
-        await log.close()
+        await event_log.close()
 
 
 @pytest.fixture
@@ -124,16 +124,16 @@ def test_the_cli_reports_ok_and_the_first_bad_seq(log_path: Path) -> None:
 async def crash_copy(tmp_path: Path, count: int) -> tuple[Path, Path]:
     """The files as a power cut would leave them: the log open, its last commits still in the WAL."""
     live = tmp_path / "live" / "ledger.sqlite"
-    log = await EventLog.open(live)
+    event_log = await EventLog.open(live)
     try:
         for i in range(count):
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         crashed = tmp_path / "crashed" / "ledger.sqlite"
         crashed.parent.mkdir()
         shutil.copyfile(live, crashed)
         shutil.copyfile(f"{live}-wal", f"{crashed}-wal")
     finally:
-        await log.close()
+        await event_log.close()
     assert Path(f"{crashed}-wal").stat().st_size > 0
     return live, crashed
 
@@ -145,12 +145,12 @@ async def test_a_torn_last_commit_in_the_wal_loses_only_that_commit(tmp_path: Pa
     report = verify_log(crashed)
     assert report.ok and report.last_seq == 9, report
     assert any("-wal holds" in n for n in report.notes)
-    log = await EventLog.open(crashed)  # the writer starts on it and carries on after seq 9
+    event_log = await EventLog.open(crashed)  # the writer starts on it and carries on after seq 9
     try:
-        assert log.last_seq == 9
-        assert (await log.append([released_event(99)]))[0].seq == 10
+        assert event_log.last_seq == 9
+        assert (await event_log.append([released_event(99)]))[0].seq == 10
     finally:
-        await log.close()
+        await event_log.close()
     assert verify_log(crashed).ok
 
 

@@ -66,21 +66,21 @@ async def test_events_follow_prints_new_events_as_they_commit(short_dir: Path) -
     from libs.store import EventLog
 
     state = short_dir / "state"
-    log = await EventLog.open(state / "ledger.sqlite")
+    event_log = await EventLog.open(state / "ledger.sqlite")
     proc = None
     try:
-        await log.append([AllocationReleased(alloc_id="a1", pod_uid="p", container="c", reason="deleted")])
+        await event_log.append([AllocationReleased(alloc_id="a1", pod_uid="p", container="c", reason="deleted")])
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gpuledger", "events", "--follow", "--json", "--state-dir", str(state),
             stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
         assert proc.stdout is not None
         first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 10))
         assert (first["seq"], first["data"]["alloc_id"]) == (1, "a1")
-        await log.append([AllocationReleased(alloc_id="a2", pod_uid="p", container="c", reason="deleted")])
+        await event_log.append([AllocationReleased(alloc_id="a2", pod_uid="p", container="c", reason="deleted")])
         second = json.loads(await asyncio.wait_for(proc.stdout.readline(), 5))
         assert (second["seq"], second["data"]["alloc_id"]) == (2, "a2")
     finally:
         if proc is not None and proc.returncode is None:
             proc.terminate()
             await proc.wait()
-        await log.close()
+        await event_log.close()

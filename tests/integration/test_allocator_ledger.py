@@ -28,27 +28,27 @@ class Appends(AllocatorObserver):
 
 
 @pytest.fixture
-async def log(tmp_path: Path) -> AsyncIterator[EventLog]:
+async def event_log(tmp_path: Path) -> AsyncIterator[EventLog]:
     opened = await EventLog.open(tmp_path / "ledger.sqlite")
     yield opened
     await opened.close()
 
 
-async def test_record_appends_folds_and_returns_the_stored_events(log: EventLog) -> None:
+async def test_record_appends_folds_and_returns_the_stored_events(event_log: EventLog) -> None:
     appends = Appends()
-    ledger = Ledger(log, LedgerState(), observer=appends)
+    ledger = Ledger(event_log, LedgerState(), observer=appends)
     stored = await ledger.record_events([refused("a"), refused("b")], command_id="cmd")
     assert [s.seq for s in stored] == [1, 2] and [s.command_id for s in stored] == ["cmd", "cmd"]
-    assert log.last_seq == 2 and ledger.state.seq == 2 and ledger.state.refusals == 2
+    assert event_log.last_seq == 2 and ledger.state.seq == 2 and ledger.state.refusals == 2
     assert len(appends.seconds) == 1 and appends.seconds[0] >= 0
     replayed = LedgerState()
-    await log.replay(replayed.apply)
+    await event_log.replay(replayed.apply)
     assert replayed.snapshot() == ledger.state.snapshot()
 
 
-async def test_nothing_decided_or_a_refused_decision_records_nothing(log: EventLog) -> None:
+async def test_nothing_decided_or_a_refused_decision_records_nothing(event_log: EventLog) -> None:
     appends = Appends()
-    ledger = Ledger(log, LedgerState(), observer=appends)
+    ledger = Ledger(event_log, LedgerState(), observer=appends)
     assert await ledger.record(lambda _state: []) == []
 
     def refuse(_state: LedgerState) -> list[Event]:
@@ -56,13 +56,13 @@ async def test_nothing_decided_or_a_refused_decision_records_nothing(log: EventL
 
     with pytest.raises(ValueError, match="no room"):
         await ledger.record(refuse)
-    assert log.last_seq == 0 and ledger.state.seq == 0 and appends.seconds == []
+    assert event_log.last_seq == 0 and ledger.state.seq == 0 and appends.seconds == []
     # The lock was let go: the next change is recorded.
     assert [s.seq for s in await ledger.record_events([refused("after")])] == [1]
 
 
-async def test_each_decision_sees_every_change_recorded_before_it(log: EventLog) -> None:
-    ledger = Ledger(log, LedgerState())
+async def test_each_decision_sees_every_change_recorded_before_it(event_log: EventLog) -> None:
+    ledger = Ledger(event_log, LedgerState())
 
     async def decide(state: LedgerState) -> list[Event]:
         seen = state.refusals

@@ -79,23 +79,23 @@ def rows(path: Path) -> int:
 async def test_a_full_disk_fails_the_append_whole_and_the_next_one_works(short_dir: Path) -> None:
     with tmpfs(short_dir / "state", "1m") as state:
         path = state / "ledger.sqlite"
-        log = await EventLog.open(path)
+        event_log = await EventLog.open(path)
         try:
             for i in range(5):
-                await log.append([ev(i)])
+                await event_log.append([ev(i)])
             filler = fill(state)
             with pytest.raises(NoSpace, match="no space left on the device"):
                 for i in range(5, 400):  # the WAL may still have room for a few: write until it has none
-                    await log.append([ev(i), ev(i + 1000)])
-            before = log.last_seq
+                    await event_log.append([ev(i), ev(i + 1000)])
+            before = event_log.last_seq
             report = verify_log(path)
             assert report.ok, report.problem
             assert report.events == before  # nothing torn: every committed request whole, nothing else
             filler.unlink()
-            stored = await log.append([ev(9999)])
+            stored = await event_log.append([ev(9999)])
             assert stored[0].seq == before + 1
         finally:
-            await log.close()
+            await event_log.close()
         report = verify_log(path)
         assert report.ok and report.last_seq == before + 1, report
 
@@ -142,9 +142,9 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
 
 async def test_a_read_only_state_dir_is_refused_at_start(short_dir: Path) -> None:
     with tmpfs(short_dir / "state", "4m") as state:
-        log = await EventLog.open(state / "ledger.sqlite")
-        await log.append([ev(1)])
-        await log.close()
+        event_log = await EventLog.open(state / "ledger.sqlite")
+        await event_log.append([ev(1)])
+        await event_log.close()
         await asyncio.to_thread(subprocess.run, ["mount", "-o", "remount,ro", str(state)], check=True, timeout=30)
         with pytest.raises(StartRefused, match="read-only"):
             await EventLog.open(state / "ledger.sqlite")
@@ -156,7 +156,7 @@ async def test_a_read_only_state_dir_is_refused_at_start(short_dir: Path) -> Non
 
 async def test_a_second_allocator_on_the_same_log_is_refused_at_start(short_dir: Path) -> None:
     state = short_dir / "state"
-    log = await EventLog.open(state / "ledger.sqlite")
+    event_log = await EventLog.open(state / "ledger.sqlite")
     try:
         with pytest.raises(StartRefused, match="another process is writing"):
             writer_lock(state / "ledger.sqlite")
@@ -165,5 +165,5 @@ async def test_a_second_allocator_on_the_same_log_is_refused_at_start(short_dir:
         line = one_line(done)
         assert "refused to start" in line and "another process is writing" in line, line
     finally:
-        await log.close()
+        await event_log.close()
     assert rows(state / "ledger.sqlite") == 0

@@ -23,27 +23,27 @@ async def stream_contents(bus: Bus, count: int) -> list[tuple[int, str]]:
 
 async def test_each_event_is_published_once_across_relay_restarts(nats_server: NatsServer, short_dir: Path) -> None:
     bus = await Bus.connect(nats_server.url, name="t", node="node.a")
-    log = await EventLog.open(short_dir / "ledger.sqlite")
+    event_log = await EventLog.open(short_dir / "ledger.sqlite")
     try:
         for round_ in range(3):  # stop the relay mid-stream three times
-            relay = Relay(bus, log)
+            relay = Relay(bus, event_log)
             task = asyncio.create_task(relay.run())
-            writes = [asyncio.create_task(log.append([released_event(round_ * 100 + i)])) for i in range(100)]
+            writes = [asyncio.create_task(event_log.append([released_event(round_ * 100 + i)])) for i in range(100)]
             await asyncio.sleep(0.02)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await asyncio.gather(*writes)
-        relay = Relay(bus, log)
+        relay = Relay(bus, event_log)
         task = asyncio.create_task(relay.run())
         await relay.wait_published(300, timeout=10)
         info = await bus.js.stream_info(bus.subjects.stream)
         assert (info.state.messages, info.state.last_seq) == (300, 300)
-        mine = [(e.seq, e.event_id) for e in await log.read_after(0, 1000)]
+        mine = [(e.seq, e.event_id) for e in await event_log.read_after(0, 1000)]
         assert await stream_contents(bus, 300) == mine
         task.cancel()
     finally:
-        await log.close()
+        await event_log.close()
         await bus.close()
 
 
@@ -52,38 +52,38 @@ async def test_a_broker_crash_loses_and_doubles_nothing(short_dir: Path) -> None
     await server.start()
     port = server.port
     bus = await Bus.connect(server.url, name="t", node="n1")
-    log = await EventLog.open(short_dir / "ledger.sqlite")
-    relay = Relay(bus, log)
+    event_log = await EventLog.open(short_dir / "ledger.sqlite")
+    relay = Relay(bus, event_log)
     task = asyncio.create_task(relay.run())
     try:
         for i in range(50):
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         await relay.wait_published(50, timeout=10)
         await server.kill()  # SIGKILL, mid-stream
         for i in range(50, 120):  # the allocator keeps committing while the broker is down
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         await asyncio.sleep(0.5)
         server = NatsServer(short_dir / "js", port=port)
         await server.start()
         await relay.wait_published(120, timeout=20)
-        mine = [(e.seq, e.event_id) for e in await log.read_after(0, 1000)]
+        mine = [(e.seq, e.event_id) for e in await event_log.read_after(0, 1000)]
         assert await stream_contents(bus, 120) == mine
         info = await bus.js.stream_info(bus.subjects.stream)
         assert info.state.messages == 120
     finally:
         task.cancel()
-        await log.close()
+        await event_log.close()
         await bus.close()
         await server.stop()
 
 
 async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, short_dir: Path) -> None:
     bus = await Bus.connect(nats_server.url, name="t", node="n1")
-    log = await EventLog.open(short_dir / "ledger.sqlite")
-    relay_task = asyncio.create_task(Relay(bus, log).run())
+    event_log = await EventLog.open(short_dir / "ledger.sqlite")
+    relay_task = asyncio.create_task(Relay(bus, event_log).run())
     try:
         for i in range(20):
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         seen: list[int] = []
         follower = LogFollower(bus, lambda e: seen.append(e.seq))
         task = asyncio.create_task(follower.run())
@@ -92,7 +92,7 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
         with contextlib.suppress(asyncio.CancelledError):
             await task
         for i in range(20, 30):
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         resumed = LogFollower(bus, lambda e: seen.append(e.seq), after_seq=follower.last_seq)
         task = asyncio.create_task(resumed.run())
         await resumed.wait_for(30, timeout=10)
@@ -100,7 +100,7 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
         assert seen == list(range(1, 31))
     finally:
         relay_task.cancel()
-        await log.close()
+        await event_log.close()
         await bus.close()
 
 
@@ -114,8 +114,8 @@ async def rebuilt_notices(bus: Bus) -> tuple[list[StreamRebuilt], object]:
     return seen, sub
 
 
-async def assert_stream_is_the_log(bus: Bus, log: EventLog) -> None:
-    mine = [(e.seq, e.event_id) for e in await log.read_after(0, 1000)]
+async def assert_stream_is_the_log(bus: Bus, event_log: EventLog) -> None:
+    mine = [(e.seq, e.event_id) for e in await event_log.read_after(0, 1000)]
     info = await bus.js.stream_info(bus.subjects.stream)
     assert (info.state.messages, info.state.last_seq) == (len(mine), len(mine))
     assert await stream_contents(bus, len(mine)) == mine
@@ -180,24 +180,24 @@ async def test_a_broker_store_lost_while_down_is_rebuilt(short_dir: Path) -> Non
     await server.start()
     port = server.port
     bus = await Bus.connect(server.url, name="t", node="n1")
-    log = await EventLog.open(short_dir / "ledger.sqlite")
-    relay = Relay(bus, log)
+    event_log = await EventLog.open(short_dir / "ledger.sqlite")
+    relay = Relay(bus, event_log)
     task = asyncio.create_task(relay.run())
     follower_seen: list[int] = []
     follower = LogFollower(bus, lambda e: follower_seen.append(e.seq))
     follow_task = asyncio.create_task(follower.run())
     try:
         for i in range(20):
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         await follower.wait_for(20, timeout=10)
         await server.kill()
         shutil.rmtree(short_dir / "js")  # the store is lost while the broker is down
         for i in range(20, 30):
-            await log.append([released_event(i)])
+            await event_log.append([released_event(i)])
         server = NatsServer(short_dir / "js", port=port)
         await server.start()
         await relay.wait_published(30, timeout=30)
-        await assert_stream_is_the_log(bus, log)
+        await assert_stream_is_the_log(bus, event_log)
         assert relay.rebuilds == 1
         info = await bus.js.stream_info(bus.subjects.stream)
         assert "the stream is missing" in (info.config.metadata or {})[REBUILT_METADATA]
@@ -207,6 +207,6 @@ async def test_a_broker_store_lost_while_down_is_rebuilt(short_dir: Path) -> Non
         follow_task.cancel()
         task.cancel()
         await asyncio.gather(follow_task, task, return_exceptions=True)
-        await log.close()
+        await event_log.close()
         await bus.close()
         await server.stop()

@@ -21,33 +21,33 @@ def released(i: int, pod: str = "p") -> AllocationReleased:
 
 
 @pytest.fixture
-async def log(tmp_path: Path):  # type: ignore[no-untyped-def]
+async def event_log(tmp_path: Path):  # type: ignore[no-untyped-def]
     opened = await EventLog.open(tmp_path / "ledger.sqlite")
     yield opened
     await opened.close()
 
 
-async def test_concurrent_appends_get_dense_seq_and_per_stream_versions(log: EventLog) -> None:
-    results = await asyncio.gather(*(log.append([released(i, pod=f"p{i % 4}")]) for i in range(300)))
+async def test_concurrent_appends_get_dense_seq_and_per_stream_versions(event_log: EventLog) -> None:
+    results = await asyncio.gather(*(event_log.append([released(i, pod=f"p{i % 4}")]) for i in range(300)))
     seqs = sorted(r[0].seq for r in results)
     assert seqs == list(range(1, 301))
-    rows = sqlite3.connect(log.path).execute("SELECT stream_id, version FROM events ORDER BY seq").fetchall()
+    rows = sqlite3.connect(event_log.path).execute("SELECT stream_id, version FROM events ORDER BY seq").fetchall()
     per_stream: dict[str, list[int]] = {}
     for stream, version in rows:
         per_stream.setdefault(stream, []).append(version)
     assert all(v == list(range(1, 76)) for v in per_stream.values())
 
 
-async def test_a_batch_is_atomic_and_a_command_is_written_once(log: EventLog) -> None:
-    first = await log.append([released(1), released(2)], command_id="req-1")
-    again = await log.append([released(3)], command_id="req-1")
+async def test_a_batch_is_atomic_and_a_command_is_written_once(event_log: EventLog) -> None:
+    first = await event_log.append([released(1), released(2)], command_id="req-1")
+    again = await event_log.append([released(3)], command_id="req-1")
     assert [e.seq for e in again] == [e.seq for e in first] == [1, 2]
-    assert log.last_seq == 2
+    assert event_log.last_seq == 2
 
 
-async def test_sqlite_refuses_edits_gaps_and_time_travel(log: EventLog) -> None:
-    await log.append([released(1), released(2)])
-    conn = sqlite3.connect(log.path)
+async def test_sqlite_refuses_edits_gaps_and_time_travel(event_log: EventLog) -> None:
+    await event_log.append([released(1), released(2)])
+    conn = sqlite3.connect(event_log.path)
     for sql, text in [
         ("UPDATE events SET type = 'x' WHERE seq = 1", "append-only"),
         ("DELETE FROM events WHERE seq = 2", "append-only"),
@@ -73,9 +73,9 @@ async def test_time_never_goes_backwards_even_if_the_clock_does(tmp_path: Path) 
     assert times == [5_000, 5_000, 6_000]
 
 
-async def test_the_hash_chain_covers_every_row(log: EventLog) -> None:
-    await log.append([released(i) for i in range(5)])
-    conn = sqlite3.connect(log.path)
+async def test_the_hash_chain_covers_every_row(event_log: EventLog) -> None:
+    await event_log.append([released(i) for i in range(5)])
+    conn = sqlite3.connect(event_log.path)
     prev = GENESIS_HASH
     for row in conn.execute("SELECT seq, recorded_at, stream_id, version, type, schema_v, event_id, command_id, "
                             "payload, hash FROM events ORDER BY seq"):
@@ -83,21 +83,21 @@ async def test_the_hash_chain_covers_every_row(log: EventLog) -> None:
         assert prev == row[-1]
 
 
-async def test_replay_rebuilds_and_stops_at_a_time(log: EventLog) -> None:
-    await log.append([released(1)])
-    cut = log.last_seq
-    conn = open_reader(log.path)
+async def test_replay_rebuilds_and_stops_at_a_time(event_log: EventLog) -> None:
+    await event_log.append([released(1)])
+    cut = event_log.last_seq
+    conn = open_reader(event_log.path)
     t_cut = conn.execute("SELECT recorded_at FROM events WHERE seq = ?", (cut,)).fetchone()[0]
     conn.close()
     await asyncio.sleep(0.01)
-    await log.append([released(2), released(3)])
+    await event_log.append([released(2), released(3)])
     seen: list[int] = []
-    assert replay(log.path, lambda e: seen.append(e.seq)) == 3
+    assert replay(event_log.path, lambda e: seen.append(e.seq)) == 3
     assert seen == [1, 2, 3]
     seen.clear()
-    replay(log.path, lambda e: seen.append(e.seq), upto_time=t_cut)
+    replay(event_log.path, lambda e: seen.append(e.seq), upto_time=t_cut)
     assert seen == [1]
-    assert seq_at_time(open_reader(log.path), 0) == 0
+    assert seq_at_time(open_reader(event_log.path), 0) == 0
 
 
 async def test_state_survives_a_reopen(tmp_path: Path) -> None:
@@ -119,9 +119,9 @@ async def test_state_survives_a_reopen(tmp_path: Path) -> None:
 
 async def test_a_corrupt_payload_is_reported_with_its_seq(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
-    log = await EventLog.open(path)
-    await log.append([released(1)])
-    await log.close()
+    event_log = await EventLog.open(path)
+    await event_log.append([released(1)])
+    await event_log.close()
     conn = sqlite3.connect(path)
     conn.execute("DROP TRIGGER events_dense_seq")  # a damaged file, written by something that is not us
     conn.execute("INSERT INTO events VALUES (2, 's', 1, 'alloc.released', 1, randomblob(16), NULL, "
@@ -148,7 +148,7 @@ async def test_a_log_in_another_format_is_refused(tmp_path: Path) -> None:
         await EventLog.open(path)
 
 
-async def test_each_commit_hands_its_new_events_over_once(log: EventLog) -> None:
+async def test_each_commit_hands_its_new_events_over_once(event_log: EventLog) -> None:
     handed: list[int] = []
     caught_up = asyncio.Event()
 
@@ -157,10 +157,11 @@ async def test_each_commit_hands_its_new_events_over_once(log: EventLog) -> None
         if handed and handed[-1] == 5:
             caught_up.set()
 
-    log.on_events(on_events)
-    await log.append([released(0)], command_id="same")
+    event_log.on_events(on_events)
+    await event_log.append([released(0)], command_id="same")
     # Retries of one command in the same group, and new events around them.
-    await asyncio.gather(*(log.append([released(i)], command_id="same" if i % 2 else f"c{i}") for i in range(1, 9)))
+    await asyncio.gather(*(event_log.append([released(i)], command_id="same" if i % 2 else f"c{i}")
+                           for i in range(1, 9)))
     await asyncio.wait_for(caught_up.wait(), 5)  # the hand-over runs on the loop right after each commit
-    assert handed == list(range(1, log.last_seq + 1))
-    assert log.last_seq == 5
+    assert handed == list(range(1, event_log.last_seq + 1))
+    assert event_log.last_seq == 5

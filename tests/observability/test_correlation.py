@@ -8,7 +8,7 @@ import structlog
 from libs.bus.client import REQUEST_ID_HEADER, Bus
 from libs.bus.server import NatsServer
 from libs.commands import PrepareReply, PrepareRequest, ReleaseReply, ReleaseRequest
-from libs.log import correlation
+from libs.logger import correlation
 
 
 def test_correlation_fields() -> None:

@@ -47,17 +47,17 @@ def settings(workdir: Path, nats: NatsServer) -> Settings:
 
 @pytest.fixture
 async def ledger(settings: Settings) -> AsyncIterator[Ledger]:
-    log = await EventLog.open(settings.log_path)
+    event_log = await EventLog.open(settings.log_path)
     bus = await Bus.connect(settings.nats_url, name="test-relay", node=settings.node_name)
     await ensure_stream(bus)
-    relay = Relay(bus, log)
+    relay = Relay(bus, event_log)
     task = asyncio.create_task(relay.run())
-    yield Ledger(log, relay)
+    yield Ledger(event_log, relay)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
     await bus.close()
-    await log.close()
+    await event_log.close()
 
 
 @pytest.fixture

@@ -277,8 +277,8 @@ def short_tmp(prefix: str = "vm") -> Path:
 class Ledger:
     """The allocation log as the allocator would write it, published by a running relay."""
 
-    def __init__(self, log: EventLog, relay: Relay) -> None:
-        self.log = log
+    def __init__(self, event_log: EventLog, relay: Relay) -> None:
+        self.log = event_log
         self.relay = relay
 
     async def append(self, *events: Event) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from libs.log import get_logger
+from libs.logger import get_logger
 
 __all__ = ["logger"]
 
