@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from gpuledger.demo_runtime import RUNTIMES, DemoRuntime, demo_runtime
 from gpuledger.options import agent_options, log_options, settings_from
 from libs.config import Settings
 from libs.log import configure_logging, get_logger
@@ -44,12 +45,17 @@ def run(service: str, **values: Any) -> None:
 @agent_options
 @click.option("--demo", is_flag=True, help="Also start the node simulator and walk a sample pod through it.")
 @click.option("--demo-exit", is_flag=True, help="With --demo: stop after the walkthrough instead of staying up.")
-def up(demo: bool, demo_exit: bool, **values: Any) -> None:
+@click.option("--runtime", type=click.Choice(RUNTIMES), default="none", show_default=True,
+              help="With --demo: containerd runs the demo's pods as real containers when the machine allows "
+                   "it (root, containerd, runc, busybox-static, gcc); otherwise one line says why it falls back.")
+def up(demo: bool, demo_exit: bool, runtime: str, **values: Any) -> None:
     """Start the agent: an embedded nats-server (unless --nats-url) and the four services as processes."""
     embedded = values.get("nats_url") is None
     settings = settings_from(values, nats_url=values.get("nats_url") or "nats://127.0.0.1:4222")
     configure_logging("up", fmt=settings.log_format, level=settings.log_level)
-    code = asyncio.run(_up(settings, embedded=embedded, demo=demo or demo_exit, exit_after=demo_exit))
+    demo = demo or demo_exit
+    with demo_runtime(runtime if demo else "none") as real:
+        code = asyncio.run(_up(settings, embedded=embedded, demo=demo, exit_after=demo_exit, runtime=real))
     sys.exit(code)
 
 
@@ -59,7 +65,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: bool) -> int:
+async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: bool,
+              runtime: DemoRuntime | None = None) -> int:
     from gpuledger.launcher import Launcher
 
     log = get_logger("up")
@@ -80,6 +87,8 @@ async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: boo
             kubeconfig=str(demo_dir / "kubeconfig"),
             proc_root=str(demo_dir / "proc"), cgroup_root=str(demo_dir / "cgroup"),  # simulated containers
         )
+        if runtime is not None:
+            settings = runtime.settings(settings)  # real containers: the host's /proc and cgroups
     launcher = Launcher(settings, embedded_nats=embedded, log_dir=demo_dir / "logs" if demo else None)
     code = 0
     try:
@@ -89,14 +98,15 @@ async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: boo
             await launcher.start_child("sim", [
                 "sim", "--node-name", settings.node_name, "--device-plugin-dir", settings.device_plugin_dir,
                 "--pod-resources-socket", settings.pod_resources_socket, "--api-port", api_url.rsplit(":", 1)[1],
-                "--kubeconfig-out", settings.kubeconfig,
+                "--kubeconfig-out", settings.kubeconfig, *(runtime.sim_args() if runtime else []),
             ])
             await _wait_file(Path(settings.kubeconfig), 30)
         await launcher.start_services()
         if demo:
             from gpuledger.demo import run_demo
 
-            task = asyncio.create_task(run_demo(launcher.settings, api_url, Path(settings.kubeconfig)))
+            task = asyncio.create_task(run_demo(launcher.settings, api_url, Path(settings.kubeconfig),
+                                                runtime=runtime))
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()

@@ -22,6 +22,7 @@ import nats
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod as KubePod
 
+from gpuledger.demo_runtime import DemoRuntime
 from libs.bus.client import Bus
 from libs.cgroups import container_cgroup_paths
 from libs.commands import StateReply, StateRequest
@@ -138,7 +139,9 @@ def _as_container_process(settings: Settings, pod_uid: str, container_id: str) -
     (proc / "cgroup").write_text(f"0::/{rel}\n")
 
 
-async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
+async def run_demo(settings: Settings, api_url: str, kubeconfig: Path, *, runtime: DemoRuntime | None = None) -> None:
+    """``runtime``: the pods run as real containers (gpuledger/demo_runtime.py), and the trainer
+    registers from inside its container instead of through a simulated /proc."""
     subjects = Subjects(settings.node_name)
     printer = EventPrinter()
     nc = await nats.connect(settings.nats_url, name="demo")
@@ -161,7 +164,7 @@ async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
         say("\n2. Creating pod default/demo-train: trainer (50 cores + 4 x 256 MiB) and evaluator (100 cores)",
             bold=True)
         await client.create(KubePod.from_dict(DEMO_POD))
-        pod = await _pod(client, "demo-train", "Running")
+        pod = await _pod(client, "demo-train", "Running", 120 if runtime else 30)  # containerd starts first
         if pod.status.phase != "Running":
             raise click.ClickException(f"demo-train was not admitted: {pod.status.reason}: {pod.status.message}")
         uid = pod.metadata.uid
@@ -175,10 +178,17 @@ async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
         say("\n3. The trainer's CUDA library registers through the pod's vcuda.sock", bold=True)
         cid = next(s.containerID for s in pod.status.containerStatuses if s.name == "trainer").split("://")[-1]
         pod_dir = settings.vm_root / uid
-        _as_container_process(settings, uid, cid)
-        await register_vdevice(str(pod_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=10)
-        cfg = decode_vcuda_config((pod_dir / cid / "vcuda.config").read_bytes())
-        say(f"    wrote {pod_dir / cid / 'vcuda.config'} (8240 bytes):")
+        if runtime is not None:
+            said, cfg = await runtime.register_inside(cid, uid)
+            say(f"    inside container {cid[:13]}: /bin/vcuda-register /etc/vcuda/vcuda.sock {uid} {cid[:13]}… "
+                f"({said or 'registered'})")
+            say(f"    the vmanager wrote {pod_dir / cid / 'vcuda.config'}; the container's own read of "
+                f"/etc/vcuda/{cid[:13]}…/vcuda.config:")
+        else:
+            _as_container_process(settings, uid, cid)
+            await register_vdevice(str(pod_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=10)
+            cfg = decode_vcuda_config((pod_dir / cid / "vcuda.config").read_bytes())
+            say(f"    wrote {pod_dir / cid / 'vcuda.config'} (8240 bytes):")
         say(f"    utilization={cfg.utilization} gpu_memory={cfg.gpu_memory // MIB} MiB hard_limit={cfg.hard_limit}"
             f" enable={cfg.enable} container_name={cfg.container_name}")
 
@@ -191,7 +201,7 @@ async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
 
         say("\n5. A new pod gets the recycled share", bold=True)
         await client.create(KubePod.from_dict(NEXT_POD))
-        nxt = await _pod(client, "demo-next", "Running")
+        nxt = await _pod(client, "demo-next", "Running", 60 if runtime else 30)
         if nxt.status.phase != "Running":
             raise click.ClickException(f"demo-next was not admitted: {nxt.status.message}")
         await printer.wait_for("alloc.granted", 3, 10)
