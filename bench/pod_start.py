@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import platform
+import shutil
 import tempfile
 import time
 from contextlib import AsyncExitStack
@@ -27,14 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.allocate_rtt import summary
+from bench.pod_start_trace import Trace, install
+from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
 from libs.logger import configure_logging
 from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
-from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper
-from tests.runtime.helpers import make_fake_gpus
+from simulator.runtime.fakegpus import FakeGpus, fake_gpus_on_host
 
 # The container's own ids from its cgroup path (cgroup v1: the full /kubepods/.../pod<uid>/<id>).
 GPU_SCRIPT = (
@@ -57,8 +59,11 @@ def manifest(name: str, out: Path, gpu: bool) -> dict[str, Any]:
                      "terminationGracePeriodSeconds": 5}}
 
 
-async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout: float = 60) -> float:
+async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout: float = 60,
+                    trace: Trace | None = None) -> float:
     marker = out / name
+    if trace is not None:
+        trace.begin()
     started = time.perf_counter()
     await sim.create_pod(manifest(name, out, gpu))
     deadline = started + timeout
@@ -68,86 +73,105 @@ async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout
             raise TimeoutError(f"{name} did not start within {timeout}s: {pod and pod.get('status')}")
         await asyncio.sleep(0.002)
     elapsed = time.perf_counter() - started
+    if trace is not None:
+        trace.end("gpu" if gpu else "plain")
     # Not timed: let the kubelet finish reporting the start, then delete.
     await sim.wait_for_pod("default", name, lambda p: p["status"].get("phase") == "Running", timeout)
     await sim.delete_pod("default", name)
     return elapsed
 
 
-async def run(pods: int) -> dict[str, Any]:
+async def run(pods: int, breakdown: bool = False, services: str = "processes") -> dict[str, Any]:
+    trace = install() if breakdown else None
+    root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
+    try:
+        with fake_gpus_on_host(root) as gpus:
+            result = await _measure(root, gpus, pods, services, trace)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    gpu, plain = result.pop("gpu_times"), result.pop("plain_times")
+    return {
+        "machine": f"{platform.machine()} {platform.system()} {platform.release()}",
+        "services": services,
+        **result,
+        "gpu": gpu, "plain": plain,
+        "p50_overhead_pct": round(100 * (gpu["p50_ms"] / plain["p50_ms"] - 1), 1),
+        "p99_overhead_pct": round(100 * (gpu["p99_ms"] / plain["p99_ms"] - 1), 1),
+        **({"breakdown_median_ms": trace.table()} if trace else {}),
+    }
+
+
+async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: Trace | None) -> dict[str, Any]:
     from services.allocator import app as allocator_app
     from services.registrar import app as registrar_app
     from services.vmanager import app as vmanager_app
     from services.watchdog import app as watchdog_app
 
-    root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
-    lo = Leftovers(root / "devnodes.json", work="", remove_work=False)
-    lo.save()
-    reaper = start_reaper(lo)
+    out = root / "out"
+    out.mkdir()
+    nats = NatsServer(root / "nats")
+    await nats.start()
     try:
-        gpus = make_fake_gpus(root, lo)
-        out = root / "out"
-        out.mkdir()
-        nats = NatsServer(root / "nats")
-        await nats.start()
-        try:
-            settings = Settings(
-                node_name="bench-node", state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
-                pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
-                nats_url=nats.url, gpus=f"fake:{gpus.profile}", cgroup_root="/sys/fs/cgroup", proc_root="/proc",
-                driver_volumes=False, log_level="warning")
-            async with AsyncExitStack() as stack:
-                sim = NodeSimulator(SimConfig(
-                    node_name="bench-node", device_plugin_dir=root / "dp",
-                    pod_resources_socket=root / "pr" / "kubelet.sock", kubeconfig_path=root / "kubeconfig",
-                    runtime="containerd", runtime_dir=root / "rt"))
-                await sim.start()
-                stack.push_async_callback(sim.stop)
+        settings = Settings(
+            node_name="bench-node", state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
+            pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
+            nats_url=nats.url, gpus=f"fake:{gpus.profile}", cgroup_root="/sys/fs/cgroup", proc_root="/proc",
+            driver_volumes=False, log_level="warning")
+        async with AsyncExitStack() as stack:
+            sim = NodeSimulator(SimConfig(
+                node_name="bench-node", device_plugin_dir=root / "dp",
+                pod_resources_socket=root / "pr" / "kubelet.sock", kubeconfig_path=root / "kubeconfig",
+                runtime="containerd", runtime_dir=root / "rt"))
+            await sim.start()
+            stack.push_async_callback(sim.stop)
+            if services == "processes":  # gpuledger up's way: each service its own process
+                launcher = Launcher(settings, embedded_nats=False, log_dir=root / "logs")
+                stack.push_async_callback(launcher.stop)
+                await launcher.start_services()
+            else:
                 for app in (allocator_app, watchdog_app, vmanager_app, registrar_app):
                     await stack.enter_async_context(app.service(settings))
-                await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=30)
-                containerd_start = sim.runtime.containerd.start_seconds
-                for i in range(3):  # warm-up, not counted
-                    await start_one(sim, out, f"warm-gpu-{i}", True)
-                    await start_one(sim, out, f"warm-plain-{i}", False)
-                gpu_times, plain_times = [], []
-                for i in range(pods):
-                    gpu_times.append(await start_one(sim, out, f"gpu-{i}", True))
-                    plain_times.append(await start_one(sim, out, f"plain-{i}", False))
-        finally:
-            await nats.stop()
+            await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
+            containerd_start = sim.runtime.containerd.start_seconds
+            for i in range(3):  # warm-up, not counted
+                await start_one(sim, out, f"warm-gpu-{i}", True)
+                await start_one(sim, out, f"warm-plain-{i}", False)
+            gpu_times, plain_times = [], []
+            for i in range(pods):
+                gpu_times.append(await start_one(sim, out, f"gpu-{i}", True, trace=trace))
+                plain_times.append(await start_one(sim, out, f"plain-{i}", False, trace=trace))
     finally:
-        clean(lo)
-        stop_reaper(reaper)
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-    gpu, plain = summary("gpu pod (gpuledger)", gpu_times), summary("pod without GPUs", plain_times)
-    return {
-        "machine": f"{platform.machine()} {platform.system()} {platform.release()}",
-        "containerd_start_s": round(containerd_start, 3),
-        "gpu": gpu, "plain": plain,
-        "p50_overhead_pct": round(100 * (gpu["p50_ms"] / plain["p50_ms"] - 1), 1),
-        "p99_overhead_pct": round(100 * (gpu["p99_ms"] / plain["p99_ms"] - 1), 1),
-    }
+        await nats.stop()
+    return {"containerd_start_s": round(containerd_start, 3),
+            "gpu_times": summary("gpu pod (gpuledger)", gpu_times),
+            "plain_times": summary("pod without GPUs", plain_times)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100, help="pods of each kind (default 100)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--services", choices=("processes", "in-process"), default="processes",
+                        help="the four services as their own processes (gpuledger up's way, default) or "
+                             "in the bench's process")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time each step of a pod start (bench/pod_start_trace.py) and print the medians")
     args = parser.parse_args()
     reason = runtime_unavailable_reason()
     if reason:
         raise SystemExit(f"bench.pod_start needs the real runtime: {reason}")
     configure_logging("bench", fmt="console", level="warning")
-    result = asyncio.run(run(args.pods))
+    result = asyncio.run(run(args.pods, args.breakdown, args.services))
     for key in ("gpu", "plain"):
         r = result[key]
         print(f"{r['name']:<22} n={r['n']} p50={r['p50_ms']:.1f} ms p99={r['p99_ms']:.1f} ms "
               f"mean={r['mean_ms']:.1f} ms")
     print(f"gpuledger adds {result['p50_overhead_pct']}% at p50, {result['p99_overhead_pct']}% at p99 "
           f"(containerd start {result['containerd_start_s']} s)")
+    for kind, steps in (result.get("breakdown_median_ms") or {}).items():
+        print(f"-- {kind}: median ms per step (@step: ms after create_pod when it began)")
+        for step, ms in steps.items():
+            print(f"   {step:<45} {ms:8.2f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

@@ -12,6 +12,7 @@ import click
 
 from gpuledger.agent import SERVICES
 from gpuledger.audit_cmd import audit, history, import_checkpoint
+from gpuledger.demo_runtime import RUNTIMES, demo_runtime
 from gpuledger.gpu_cmd import gpu
 from gpuledger.health_cmd import health
 from gpuledger.options import agent_options, log_options, settings_from
@@ -47,14 +48,20 @@ def run(service: str, **values: Any) -> None:
 @agent_options
 @click.option("--demo", is_flag=True, help="Also start the node simulator and walk a sample pod through it.")
 @click.option("--demo-exit", is_flag=True, help="With --demo: stop after the walkthrough instead of staying up.")
-def up(demo: bool, demo_exit: bool, **values: Any) -> None:
+@click.option("--runtime", type=click.Choice(RUNTIMES), default="none", show_default=True,
+              help="With --demo: containerd runs the demo's pods as real containers when the machine allows "
+                   "it (root, containerd, runc, busybox-static, gcc); otherwise one line says why it falls back.")
+def up(demo: bool, demo_exit: bool, runtime: str, **values: Any) -> None:
     """Start the agent: an embedded nats-server (unless --nats-url) and the four services as processes."""
     from gpuledger.up import run_up
 
     embedded = values.get("nats_url") is None
     settings = settings_from(values, nats_url=values.get("nats_url") or "nats://127.0.0.1:4222")
     configure_logging("up", fmt=settings.log_format, level=settings.log_level)
-    sys.exit(asyncio.run(run_up(settings, embedded=embedded, demo=demo or demo_exit, exit_after=demo_exit)))
+    demo = demo or demo_exit
+    with demo_runtime(runtime if demo else "none") as real:
+        code = asyncio.run(run_up(settings, embedded=embedded, demo=demo, exit_after=demo_exit, runtime=real))
+    sys.exit(code)
 
 
 # --- the simulator -----------------------------------------------------------------------------

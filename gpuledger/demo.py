@@ -25,6 +25,7 @@ import click
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod as KubePod
 
+from gpuledger.demo_runtime import DemoRuntime
 from gpuledger.launcher import Launcher
 from libs.bus.client import Bus
 from libs.cgroups import container_cgroup_paths
@@ -149,7 +150,9 @@ def _as_container_process(settings: Settings, pod_uid: str, container_id: str) -
     (proc / "cgroup").write_text(f"0::/{rel}\n")
 
 
-async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
+async def run_demo(settings: Settings, api_url: str, kubeconfig: Path, *, runtime: DemoRuntime | None = None) -> None:
+    """``runtime``: the pods run as real containers (gpuledger/demo_runtime.py), and the trainer
+    registers from inside its container instead of through a simulated /proc."""
     bus = await Bus.connect(settings.nats_url, name="demo", node=settings.node_name)
     printer = EventPrinter(bus.subjects)
     client = AsyncClient(config=KubeConfig.from_file(kubeconfig))
@@ -170,7 +173,7 @@ async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
         say("\n2. Creating pod default/demo-train: trainer (50 cores + 4 x 256 MiB) and evaluator (100 cores)",
             bold=True)
         await client.create(KubePod.from_dict(DEMO_POD))
-        pod = await _pod(client, "demo-train", "Running")
+        pod = await _pod(client, "demo-train", "Running", 120 if runtime else 30)  # containerd starts first
         if pod.status.phase != "Running":
             raise click.ClickException(f"demo-train was not admitted: {pod.status.reason}: {pod.status.message}")
         uid = pod.metadata.uid
@@ -184,10 +187,17 @@ async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
         say("\n3. The trainer's CUDA library registers through the pod's vcuda.sock", bold=True)
         cid = next(s.containerID for s in pod.status.containerStatuses if s.name == "trainer").split("://")[-1]
         pod_dir = settings.vm_root / uid
-        _as_container_process(settings, uid, cid)
-        await register_vdevice(str(pod_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=10)
-        cfg = decode_vcuda_config((pod_dir / cid / "vcuda.config").read_bytes())
-        say(f"    wrote {pod_dir / cid / 'vcuda.config'} (8240 bytes):")
+        if runtime is not None:
+            said, cfg = await runtime.register_inside(cid, uid)
+            say(f"    inside container {cid[:13]}: /bin/vcuda-register /etc/vcuda/vcuda.sock {uid} {cid[:13]}… "
+                f"({said or 'registered'})")
+            say(f"    the vmanager wrote {pod_dir / cid / 'vcuda.config'}; the container's own read of "
+                f"/etc/vcuda/{cid[:13]}…/vcuda.config:")
+        else:
+            _as_container_process(settings, uid, cid)
+            await register_vdevice(str(pod_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=10)
+            cfg = decode_vcuda_config((pod_dir / cid / "vcuda.config").read_bytes())
+            say(f"    wrote {pod_dir / cid / 'vcuda.config'} (8240 bytes):")
         say(f"    utilization={cfg.utilization} gpu_memory={cfg.gpu_memory // MIB} MiB hard_limit={cfg.hard_limit}"
             f" enable={cfg.enable} container_name={cfg.container_name}")
 
@@ -200,7 +210,7 @@ async def run_demo(settings: Settings, api_url: str, kubeconfig: Path) -> None:
 
         say("\n5. A new pod gets the recycled share", bold=True)
         await client.create(KubePod.from_dict(NEXT_POD))
-        nxt = await _pod(client, "demo-next", "Running")
+        nxt = await _pod(client, "demo-next", "Running", 60 if runtime else 30)
         if nxt.status.phase != "Running":
             raise click.ClickException(f"demo-next was not admitted: {nxt.status.message}")
         await printer.wait_for("alloc.granted", 3, 10)
@@ -223,9 +233,10 @@ class DemoNode:
     settings: Settings  # the agent's settings, pointed at the scratch directory and the simulator
     directory: Path
     api_url: str
+    runtime: DemoRuntime | None = None  # real containers through containerd, when the machine allows it
 
     @classmethod
-    def prepare(cls, settings: Settings) -> DemoNode:
+    def prepare(cls, settings: Settings, runtime: DemoRuntime | None = None) -> DemoNode:
         directory = Path(settings.state_dir) / "demo"
         shutil.rmtree(directory, ignore_errors=True)  # our own scratch area: every demo starts clean
         directory.mkdir(parents=True)
@@ -236,7 +247,10 @@ class DemoNode:
             kubeconfig=str(directory / "kubeconfig"),
             proc_root=str(directory / "proc"), cgroup_root=str(directory / "cgroup"),  # simulated containers
         )
-        return cls(settings=settings, directory=directory, api_url=f"http://127.0.0.1:{_free_port()}")
+        if runtime is not None:
+            settings = runtime.settings(settings)  # real containers: the host's /proc and cgroups
+        return cls(settings=settings, directory=directory, api_url=f"http://127.0.0.1:{_free_port()}",
+                   runtime=runtime)
 
     @property
     def log_dir(self) -> Path:
@@ -248,14 +262,15 @@ class DemoNode:
         await launcher.start_child("sim", [
             "sim", "--node-name", settings.node_name, "--device-plugin-dir", settings.device_plugin_dir,
             "--pod-resources-socket", settings.pod_resources_socket, "--api-port", self.api_url.rsplit(":", 1)[1],
-            "--kubeconfig-out", settings.kubeconfig,
+            "--kubeconfig-out", settings.kubeconfig, *(self.runtime.sim_args() if self.runtime else []),
         ])
         await _wait_file(Path(settings.kubeconfig), 30)
 
     async def walk_through(self, launcher: Launcher, stop: asyncio.Event, *, exit_after: bool) -> int | None:
         """Run the demo until it ends or ``stop`` is set: the exit code when ``up`` should end now,
         None when the agent keeps running (until ``stop``)."""
-        task = asyncio.create_task(run_demo(launcher.settings, self.api_url, Path(self.settings.kubeconfig)))
+        task = asyncio.create_task(run_demo(launcher.settings, self.api_url, Path(self.settings.kubeconfig),
+                                            runtime=self.runtime))
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()

@@ -9,6 +9,7 @@ import signal
 import click
 
 from gpuledger.demo import DemoNode
+from gpuledger.demo_runtime import DemoRuntime
 from gpuledger.launcher import Launcher
 from libs.config import Settings
 from libs.logger import get_logger
@@ -16,14 +17,16 @@ from libs.logger import get_logger
 __all__ = ["run_up"]
 
 
-async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: bool) -> int:
-    """Start the broker (``embedded``) and the services, wait for a stop signal, stop them; the exit code."""
+async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: bool,
+                 runtime: DemoRuntime | None = None) -> int:
+    """Start the broker (``embedded``) and the services, wait for a stop signal, stop them; the exit code.
+    ``runtime``: with ``demo``, the demo's pods run as real containers."""
     logger = get_logger("up")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    node = DemoNode.prepare(settings) if demo else None
+    node = DemoNode.prepare(settings, runtime) if demo else None
     if node is not None:
         settings = node.settings
     launcher = Launcher(settings, embedded_nats=embedded, log_dir=node.log_dir if node is not None else None)

@@ -52,7 +52,7 @@ class ContainerNames:
         """The container's name and pod QoS class; retried for up to ``patience`` seconds while the status lacks it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(patience, 0.0)
-        delay, fresh = 0.1, False
+        delay, fresh = 0.02, False  # the status usually lands within a few ms of the container's start
         while True:
             remaining = max(deadline - loop.time(), 0.05)
             try:
@@ -71,7 +71,12 @@ class ContainerNames:
             ref = find_container(pods, pod_uid, container_id)
             if ref is not None:
                 return ref
+            if not fresh and loop.time() < deadline:
+                # The watch cache may lag the kubelet's status write by a moment (a container registers
+                # as soon as it runs): ask the API server through the watchdog at once, pause only after.
+                fresh = True
+                continue
             if loop.time() + delay >= deadline:
                 raise ContainerUnknown(f"container id {container_id} is not a container of pod {pod_uid}")
             await asyncio.sleep(delay)
-            delay, fresh = min(delay * 2, 1.0), True
+            delay = min(delay * 2, 1.0)

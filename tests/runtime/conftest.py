@@ -26,9 +26,10 @@ from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
 from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
+from simulator.runtime.fakegpus import FakeGpus, make_fake_gpus
 from simulator.runtime.images import build_images
 from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper, survivors
-from tests.runtime.helpers import NODE, FakeGpus, RtNode, make_fake_gpus, mounts_under, processes_mentioning
+from tests.runtime.helpers import NODE, RtNode, mounts_under, processes_mentioning
 
 REQUIRE = "GPULEDGER_REQUIRE_RUNTIME"
 HERE = Path(__file__).parent

@@ -1,12 +1,12 @@
-"""Helpers of the real-runtime tests: fake GPU device nodes, pod manifests, and a node whose
-simulated kubelet runs every pod as real containers (containerd + runc through CRI)."""
+"""Helpers of the real-runtime tests: pod manifests, and a node whose simulated kubelet runs every pod
+as real containers (containerd + runc through CRI). The fake GPU device nodes are the product's
+(simulator/runtime/fakegpus.py), shared with bench.pod_start and the demo."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,55 +15,11 @@ from libs.config import Settings
 from libs.vcuda import config as vcuda_config
 from simulator import NodeSimulator
 from simulator.runtime.cri import cri
-from simulator.runtime.leftovers import Leftovers, cgroup_mounts
+from simulator.runtime.fakegpus import FakeGpus
+from simulator.runtime.leftovers import cgroup_mounts
 
 NODE = "rt-node"
-NVIDIA_MAJOR = 195
-CTL_MINOR = 255  # /dev/nvidiactl
-UVM_MINOR = 254  # our stand-in /dev/nvidia-uvm (the real one has a dynamic major)
 VCUDA_SOCK = "/etc/vcuda/vcuda.sock"  # where the Allocate response mounts the pod's directory
-
-
-@dataclass
-class FakeGpus:
-    """``count`` GPUs whose minors have no /dev node yet; the nodes made here, and the fake file."""
-
-    minors: list[int]
-    profile: Path
-    leftovers: Leftovers
-    made: list[str] = field(default_factory=list)
-
-    def node(self, index: int) -> str:
-        return f"/dev/nvidia{self.minors[index]}"
-
-
-def _mknod(path: str, minor: int, lo: Leftovers) -> bool:
-    """A character device 195:minor, mode 0666 (chmod: mknod's mode goes through the umask)."""
-    if os.path.lexists(path):
-        return False
-    lo.add_dev_node(path)  # written down first: the reaper removes it if this process dies
-    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
-    os.chmod(path, 0o666)
-    return True
-
-
-def make_fake_gpus(root: Path, lo: Leftovers, count: int = 4) -> FakeGpus:
-    minors = [m for m in range(0, 250) if not os.path.lexists(f"/dev/nvidia{m}")][:count]
-    gpus = FakeGpus(minors, root / "gpus.yaml", lo)
-    lines = ["profile: rt-test", 'driver_version: "535.104.05"', "name: Tesla T4", "memory: 16GiB", "gpus:"]
-    lines += [f"  - {{minor: {m}}}" for m in minors]
-    gpus.profile.write_text("\n".join(lines) + "\n")
-    for path, minor in [*((f"/dev/nvidia{m}", m) for m in minors), ("/dev/nvidiactl", CTL_MINOR),
-                        ("/dev/nvidia-uvm", UVM_MINOR)]:
-        if _mknod(path, minor, lo):
-            gpus.made.append(path)
-    return gpus
-
-
-def remove_fake_gpus(gpus: FakeGpus) -> None:
-    for path in gpus.made:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
 
 
 def gpu_container(name: str, cores: int = 0, memory: int = 0, *, command: str | None = None,

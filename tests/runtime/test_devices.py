@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from tests.runtime.helpers import NVIDIA_MAJOR, RtNode, gpu_container, pod
+from simulator.runtime.fakegpus import NVIDIA_MAJOR
+from tests.runtime.helpers import RtNode, gpu_container, pod
 
 
 async def _nvidia_nodes(node: RtNode, pod_name: str) -> list[str]:

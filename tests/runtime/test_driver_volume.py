@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from libs.bus.server import NatsServer
+from simulator.runtime.fakegpus import FakeGpus
 from tests.runtime.conftest import _rt_node, start_services_in_process
-from tests.runtime.helpers import FakeGpus, RtNode, gpu_container, pod
+from tests.runtime.helpers import RtNode, gpu_container, pod
 
 STUB = "int cuDriverGetVersion(int *v) { *v = 12020; return 0; }\n"
 
