@@ -23,7 +23,7 @@ from aiohttp import web
 
 from .errors import ApiError, status_body
 from .kubelet import Kubelet
-from .log import logger
+from .logger import logger
 from .patches import apply_patch
 from .selectors import Selector, parse_field_selector, parse_label_selector
 from .store import DROP, Event

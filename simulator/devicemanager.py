@@ -22,7 +22,7 @@ from .calls import CallLog, describe_error
 from .checkpoint import Checkpoint, CheckpointError, CheckpointRow, read_checkpoint, write_checkpoint
 from .config import SimConfig
 from .endpoints import Endpoint, PluginClient, bounded
-from .log import logger
+from .logger import logger
 from .notify import Changes
 from .poddevices import NO_TOPOLOGY, PodDevices
 from .podspec import container_limits, init_containers, is_sidecar, pod_uid

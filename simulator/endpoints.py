@@ -19,7 +19,7 @@ from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 
 from .calls import CallLog, describe_error, message_dict
-from .log import logger
+from .logger import logger
 
 __all__ = ["ChannelClosedError", "DialError", "Endpoint", "PluginClient", "bounded", "unary"]
 

@@ -28,7 +28,7 @@ from typing import Any
 from .config import SimConfig
 from .devicemanager import AllocationError, ContainerStartError, DeviceManager
 from .errors import ApiError
-from .log import logger
+from .logger import logger
 from .podspec import app_containers, init_containers, is_sidecar, pod_key, pod_uid
 from .podstatus import container_id, pod_conditions, pod_phase, running, terminated, waiting
 from .store import PodStore, now_rfc3339

@@ -13,7 +13,7 @@ from typing import Any
 
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 
-from .log import logger
+from .logger import logger
 
 __all__ = ["NO_TOPOLOGY", "DeviceAllocation", "PodDevices", "empty_run_options"]
 

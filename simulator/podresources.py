@@ -21,7 +21,7 @@ from libs.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 from .calls import CallLog, RpcCall, message_dict
 from .devicemanager import DeviceManager
 from .kubelet import Kubelet
-from .log import logger
+from .logger import logger
 from .podspec import app_containers, init_containers, is_sidecar, pod_key, pod_uid
 from .registration import remove_socket
 from .store import PodStore

@@ -37,7 +37,7 @@ from .checkpoint import CHECKPOINT_FILE
 from .config import LEGACY_PROFILE, MAIN_PROFILE, SimConfig
 from .devicemanager import DeviceManager
 from .endpoints import DialError, Endpoint, PluginClient
-from .log import logger
+from .logger import logger
 from .names import register_request_error
 
 __all__ = ["KUBELET_SOCKET", "RegistrationServer", "prepare_socket_dir", "remove_socket", "wipe_sockets"]

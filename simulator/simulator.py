@@ -23,7 +23,7 @@ from .config import SimConfig, check_profile
 from .devicemanager import DeviceManager, ResourceInfo
 from .errors import ApiError
 from .kubelet import Kubelet
-from .log import logger
+from .logger import logger
 from .node import NodeObject, write_kubeconfig
 from .poddevices import empty_run_options
 from .podresources import PodResourcesServer

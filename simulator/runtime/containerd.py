@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..log import logger
+from ..logger import logger
 from .images import PAUSE_IMAGE, BuiltImages, ImageBuildError, build_images, find_static_busybox
 from .leftovers import RUN_CONTAINERD, Leftovers, clean, start_reaper, stop_reaper, survivors
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 
-from ..log import logger
+from ..logger import logger
 from ..podspec import pod_key, pod_uid
 from .cri import CriClient, cri
 from .images import BUSYBOX_IMAGE
