@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import itertools
 from collections import deque
+from pathlib import Path
 
 import msgspec
 import nats.errors
@@ -95,6 +96,7 @@ class Relay:
         self.window = window
         self.published = 0  # last seq known to be in the stream
         self.rebuilds = 0  # times this relay rebuilt the stream from the log
+        self._marked = False  # whether the "published before" marker is known to be on disk
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
         # Events just committed, handed over in memory so that publishing does not read them back
@@ -145,7 +147,9 @@ class Relay:
         try:
             await self.bus.js.stream_info(stream)
         except NotFoundError:
-            if self.event_log.last_seq:  # a node that has a history: its subscribers must hear of the loss
+            # A stream that this log was published to before is lost: its subscribers must hear of it. A
+            # node's first start (its first events committed before the relay ran) simply creates it.
+            if self.event_log.last_seq and self._published_before():
                 await self._rebuild("the stream is missing (the broker's store was lost or replaced)", 0)
                 return
         info = await ensure_stream(self.bus)  # creates it for a new node, widens its subjects after an upgrade
@@ -205,6 +209,20 @@ class Relay:
                         raise result
                     self.published = stored.seq
                 self._synced.set()
+                self._note_published()
+
+    def _marker(self) -> Path:
+        return Path(f"{self.event_log.path}.published")
+
+    def _published_before(self) -> bool:
+        """Whether this log's events ever reached a stream (a marker beside the log, written once)."""
+        return self._marked or self._marker().exists()
+
+    def _note_published(self) -> None:
+        if not self._marked:
+            with contextlib.suppress(OSError):  # only the loss notice depends on it, never publication
+                self._marker().touch()
+            self._marked = True
 
     def _recent_after(self, seq: int, limit: int = 512) -> list[StoredEvent]:
         recent = self._recent
