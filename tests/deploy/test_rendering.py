@@ -165,3 +165,13 @@ def test_the_default_image_is_one_you_build_and_load() -> None:
     assert "docker build -f deploy/Dockerfile -t gpuledger:0.1.0" in readme
     assert "kind load docker-image gpuledger:0.1.0" in readme and "ctr -n k8s.io images import" in readme
 
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"config": {"metrics-port": "5678"}}, "/config/metrics-port"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"nodeselector": {"a": "b"}}, "nodeselector"),
+], ids=["port-as-string", "pull-policy", "misspelt-key"])
+def test_bad_values_are_refused_with_where(values: dict, message: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match=message):
+        helm_template(values)
