@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test protos bench clean
+.PHONY: demo test protos bench lock clean
 
 $(BIN)/gpuledger: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,15 @@ bench: $(BIN)/gpuledger
 	rm -f /tmp/gpuledger-bench-1m.sqlite
 	$(BIN)/python -m bench.append
 	$(BIN)/python -m bench.publication_lag
+
+# deploy/requirements.lock: the image's Python packages (pyproject's dependencies and the build backend)
+# pinned with hashes for deploy/Dockerfile's Python. Existing pins are kept while they still satisfy
+# pyproject.toml; `make lock UPGRADE=--upgrade` moves every pin to the newest release.
+lock: $(BIN)/gpuledger
+	$(BIN)/pip install --quiet --disable-pip-version-check uv
+	$(BIN)/uv pip compile --quiet pyproject.toml deploy/build-requirements.in $(UPGRADE) --generate-hashes \
+		--python-version 3.12 --python-platform linux --custom-compile-command "make lock" \
+		-o deploy/requirements.lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
