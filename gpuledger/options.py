@@ -74,8 +74,8 @@ def agent_options(fn: F) -> F:
         _opt("--metrics-port", env="GPULEDGER_METRICS_PORT", type=click.IntRange(0, 65532), default=5678,
              show_default=True, help="Base HTTP port for /metrics: allocator (also /graph, /usage, /version) "
              "on it, registrar +1, vmanager +2, watchdog +3; 0 turns the servers off."),
-        _opt("--metrics-host", env="GPULEDGER_METRICS_HOST", default="0.0.0.0", show_default=True,
-             help="Address the metrics servers listen on."),
+        _opt("--metrics-host", env="GPULEDGER_METRICS_HOST", default="127.0.0.1", show_default=True,
+             help="Address the metrics servers listen on (0.0.0.0: every interface, as a scraped pod needs)."),
         _opt("--usage-interval", env="GPULEDGER_USAGE_INTERVAL", type=float, default=5.0, show_default=True,
              help="Seconds between background NVML usage samples (scrapes read the last sample)."),
         _opt("--health-checks/--no-health-checks", env="GPULEDGER_HEALTH_CHECKS", default=True,
