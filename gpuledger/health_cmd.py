@@ -20,7 +20,6 @@ import grpc.aio
 import msgspec
 import nats
 import nats.errors
-
 from click.core import ParameterSource
 
 from gpuledger.agent import SERVICES

@@ -19,9 +19,15 @@ import yaml
 
 from libs.config import Settings, default_state_dir
 
-__all__ = ["agent_options", "config_option", "load_config_file", "log_options", "settings_from"]
+__all__ = ["OptionConflict", "agent_options", "config_option", "load_config_file", "log_options", "settings_from"]
 
 F = Callable[..., Any]
+
+
+class OptionConflict(click.ClickException):
+    """Options that contradict each other or mean nothing together: one line, exit code 2 (click's usage code)."""
+
+    exit_code = 2
 
 
 def _opt(*names: str, env: str | list[str], **kw: Any) -> Callable[[F], F]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from gpuledger.options import OptionConflict
 from libs.status import graph_json, render_graph, usage_json
 
 __all__ = ["status"]
@@ -74,7 +75,7 @@ def status(state_dir: str | None, nats_url: str | None, node_name: str | None, u
     target = locate(nats_url=nats_url, node_name=node_name, state_dir=state_dir)
     if url:
         if nats_url:
-            raise click.UsageError("give --url or --nats-url, not both")
+            raise OptionConflict("give --url or --nats-url, not both")
         base = url.rstrip("/")
         served = _get(f"{base}/version", timeout).get("node")
         problem = wrong_node(base, [served] if served else [], target.node)
