@@ -62,7 +62,8 @@ def test_replay_json(state: str) -> None:
 
 def test_history_json(state: str) -> None:
     schema = _schema("history")
-    lines = [json.loads(line) for line in gpuledger("history", "--json", "--gpu", "0", "--state-dir", state).splitlines()]
+    printed = gpuledger("history", "--json", "--gpu", "0", "--state-dir", state)
+    lines = [json.loads(line) for line in printed.splitlines()]
     assert lines
     for line in lines:
         jsonschema.validate(line, schema)
