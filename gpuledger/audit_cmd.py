@@ -61,6 +61,7 @@ def audit() -> None:
 def verify(state_dir: str, as_json: bool) -> None:
     """Check the whole hash chain; report the first bad seq. Exit code 1 when the log is not intact."""
     from libs.ledger.snapshot import read_header
+    from libs.store.replay import restore_hint
     from libs.store.verify import verify_log
 
     path = _log_path(state_dir)
@@ -89,6 +90,7 @@ def verify(state_dir: str, as_json: bool) -> None:
         click.echo(f"{path}: NOT INTACT at seq {report.first_bad_seq}: {report.problem}")
         if report.last_seq:
             click.echo(f"intact up to seq {report.last_seq} (head hash {report.head_hash})")
+        click.echo(restore_hint(path))
     if not as_json:
         for note in report.notes:
             click.echo(f"note: {note}")
