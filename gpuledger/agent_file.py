@@ -98,6 +98,7 @@ class Target:
     nats_url: str
     node: str
     agent: AgentInfo | None   # the runtime file it came from, if any
+    node_known: bool = True   # named by --node-name or the file, not only the host name guessed
 
     @property
     def origin(self) -> str:
@@ -113,7 +114,7 @@ def locate(*, nats_url: str | None, node_name: str | None, state_dir: str | None
         agent = None  # another server than the local agent's: its node is not known from the file
     url = nats_url or (agent.nats_url if agent else DEFAULT_NATS_URL)
     node = node_name or (agent.node if agent else socket.gethostname())
-    return Target(nats_url=url, node=node, agent=agent)
+    return Target(nats_url=url, node=node, agent=agent, node_known=bool(node_name or agent))
 
 
 async def served_nodes(bus: object) -> list[str]:

@@ -78,7 +78,8 @@ def status(state_dir: str | None, nats_url: str | None, node_name: str | None, u
             raise OptionConflict("give --url or --nats-url, not both")
         base = url.rstrip("/")
         served = _get(f"{base}/version", timeout).get("node")
-        problem = wrong_node(base, [served] if served else [], target.node)
+        # a node named by --node-name or a running agent's file must be the one answering there
+        problem = wrong_node(base, [served] if served else [], target.node) if target.node_known else None
         if problem:
             raise click.ClickException(problem)
         graph, usage = _get(f"{base}/graph", timeout), _get(f"{base}/usage", timeout)

@@ -56,3 +56,4 @@ def test_flags_beat_the_file(tmp_path: Path) -> None:
     assert (named.nats_url, named.node) == ("nats://h:1", "other")
     elsewhere = locate(nats_url="nats://x:9", node_name=None, state_dir=str(tmp_path))
     assert elsewhere.nats_url == "nats://x:9" and elsewhere.node != "demo-node" and elsewhere.agent is None
+    assert found.node_known and named.node_known and not elsewhere.node_known  # the host name is only a guess
