@@ -13,6 +13,7 @@ from typing import Any
 import click
 import msgspec
 
+from gpuledger.options import OptionConflict
 from libs.config import Settings
 from libs.errors import GpuledgerError
 
@@ -30,19 +31,22 @@ def _log_path(state_dir: str) -> Path:
 @_state_dir
 @click.option("--pod", default=None, help="A pod UID, name, or namespace/name.")
 @click.option("--gpu", default=None, help="A GPU's NVML index or UUID.")
-@click.option("--json", "as_json", is_flag=True, help="JSON lines, one per event.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines, one per event: docs/schemas/cli/history.json.")
 def history(state_dir: str, pod: str | None, gpu: str | None, as_json: bool) -> None:
     """The timeline of one pod or one GPU: grants, releases, refusals, inventory changes."""
     from gpuledger.inspect import print_history
-    from libs.ledger.timeline import gpu_history, pod_history
+    from libs.ledger.timeline import NOT_IN_INVENTORY, gpu_history, pod_history
 
     if (pod is None) == (gpu is None):
-        raise click.UsageError("give exactly one of --pod or --gpu")
+        raise OptionConflict("give exactly one of --pod or --gpu")
     try:
         path = _log_path(state_dir)
         entries = pod_history(path, pod) if pod is not None else gpu_history(path, gpu or "")
     except GpuledgerError as exc:
         raise click.ClickException(str(exc)) from exc
+    if not any(e.detail != NOT_IN_INVENTORY for e in entries):  # nothing but "GPU not in the inventory"
+        named = f"pod {pod!r}" if pod is not None else f"GPU {gpu!r} (an NVML index or UUID)"
+        raise click.ClickException(f"no {named} in the log at {path}")
     print_history(entries, as_json=as_json)
 
 
@@ -57,6 +61,7 @@ def audit() -> None:
 def verify(state_dir: str, as_json: bool) -> None:
     """Check the whole hash chain; report the first bad seq. Exit code 1 when the log is not intact."""
     from libs.ledger.snapshot import read_header
+    from libs.store.replay import restore_hint
     from libs.store.verify import verify_log
 
     path = _log_path(state_dir)
@@ -85,6 +90,7 @@ def verify(state_dir: str, as_json: bool) -> None:
         click.echo(f"{path}: NOT INTACT at seq {report.first_bad_seq}: {report.problem}")
         if report.last_seq:
             click.echo(f"intact up to seq {report.last_seq} (head hash {report.head_hash})")
+        click.echo(restore_hint(path))
     if not as_json:
         for note in report.notes:
             click.echo(f"note: {note}")

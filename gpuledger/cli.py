@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from gpuledger.agent import SERVICES
 from gpuledger.audit_cmd import audit, history, import_checkpoint
 from gpuledger.demo_runtime import RUNTIMES, demo_runtime
 from gpuledger.gpu_cmd import gpu
 from gpuledger.health_cmd import health
-from gpuledger.options import agent_options, log_options, settings_from
+from gpuledger.log_cmd import log_group
+from gpuledger.options import OptionConflict, agent_options, log_options, settings_from
 from gpuledger.simulate_cmd import simulate
 from gpuledger.status_cmd import status
 from gpuledger.vcuda_cmd import gpu_client
@@ -102,7 +104,7 @@ def sim(**values: Any) -> None:
 
         reason = runtime_unavailable_reason()
         if reason:
-            raise click.UsageError(f"--runtime containerd cannot run on this machine: {reason}")
+            raise OptionConflict(f"--runtime containerd cannot run on this machine: {reason}")
     asyncio.run(run_simulator(cfg))
 
 
@@ -120,7 +122,7 @@ _state_dir = click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envv
 @_state_dir
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are committed.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines: seq, time, type, data, ...")
-@click.option("--since", type=int, default=0, help="Only events after this seq.")
+@click.option("--since", type=click.IntRange(0), default=0, help="Only events after this seq.")
 @click.option("--nats-url", envvar="GPULEDGER_NATS_URL", show_envvar=True, default=None,
               help="With --follow: read the node's JetStream stream on this server instead of the SQLite file.")
 @click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], default=None,
@@ -130,16 +132,25 @@ _state_dir = click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envv
 def events(state_dir: str, follow: bool, as_json: bool, since: int, nats_url: str | None, node_name: str | None,
            durable: str | None) -> None:
     """Print the allocation log (the SQLite file; with --follow --nats-url, the node's event stream)."""
-    from gpuledger.inspect import follow_events, follow_stream, print_events
+    from gpuledger.inspect import follow_events, follow_stream, last_seq, print_events
     from libs.errors import GpuledgerError
 
+    ctx = click.get_current_context()
+    if nats_url and not follow and ctx.get_parameter_source("nats_url") == ParameterSource.COMMANDLINE:
+        raise OptionConflict("--nats-url reads the stream only with --follow")
+    if durable and not nats_url:
+        raise OptionConflict("--durable needs --follow --nats-url (a consumer on the node's stream)")
     try:
         if follow and nats_url:
             asyncio.run(follow_stream(nats_url, node=node_name, since=since, as_json=as_json, durable=durable))
-        elif follow:
-            follow_events(_log_path(state_dir), since=since, as_json=as_json)
+            return
+        path = _log_path(state_dir)
+        if not follow and since and since > (last := last_seq(path)):
+            raise click.ClickException(f"--since {since} is past the end of the log (its last seq is {last})")
+        if follow:
+            follow_events(path, since=since, as_json=as_json)
         else:
-            print_events(_log_path(state_dir), since=since, as_json=as_json)
+            print_events(path, since=since, as_json=as_json)
     except GpuledgerError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
@@ -149,17 +160,22 @@ def events(state_dir: str, follow: bool, as_json: bool, since: int, nats_url: st
 @main.command()
 @_state_dir
 @click.option("--at", "at", default=None, help="The state at this time (ISO-8601 or unix seconds).")
-@click.option("--seq", type=int, default=None, help="The state right after this seq.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--seq", type=click.IntRange(0), default=None, help="The state right after this seq.")
+@click.option("--json", "as_json", is_flag=True, help="JSON: docs/schemas/cli/replay.json.")
 def replay(state_dir: str, at: str | None, seq: int | None, as_json: bool) -> None:
     """Who held which GPU share, since when, granted by which request: now, or as of a time or seq."""
-    from gpuledger.inspect import audit_view, print_snapshot
+    from gpuledger.inspect import audit_view, last_seq, print_snapshot
     from libs.errors import GpuledgerError
     from libs.events.codec import parse_time
 
+    if at is not None and seq is not None:
+        raise OptionConflict("give --at or --seq, not both")
     try:
         when = parse_time(at) if at else None
-        print_snapshot(audit_view(_log_path(state_dir), at=when, seq=seq), as_json=as_json)
+        path = _log_path(state_dir)
+        if seq is not None and seq > (last := last_seq(path)):
+            raise click.ClickException(f"--seq {seq} is past the end of the log (its last seq is {last})")
+        print_snapshot(audit_view(path, at=when, seq=seq), as_json=as_json)
     except (GpuledgerError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -176,7 +192,7 @@ def gen_protos() -> None:
 
 
 # Commands that live in their own modules.
-for _command in (status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client):
+for _command in (status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client, log_group):
     main.add_command(_command)
 main.add_command(gpu_client, name="vcuda-client")  # the old name
 

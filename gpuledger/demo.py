@@ -15,6 +15,7 @@ import asyncio
 import os
 import shutil
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,12 +283,33 @@ class DemoNode:
             return 1
         if exit_after or stop.is_set():
             return 0
+        cli = command_name()
+        activate = "" if cli == "gpuledger" else (
+            f"(or `. {Path(cli).parent / 'activate'}` first, then plain `gpuledger ...`)\n")
         click.secho(
-            f"\nThe agent keeps running. In another terminal:\n"
-            f"  gpuledger events --state-dir {self.directory}\n"
-            f"  gpuledger replay --state-dir {self.directory}\n"
+            f"\nThe agent keeps running. In another terminal, from this directory:\n"
+            f"  {cli} status --state-dir {self.directory}\n"
+            f"  {cli} events --state-dir {self.directory}\n"
+            f"  {cli} replay --state-dir {self.directory}\n"
+            f"{activate}"
             f"Press Ctrl-C to stop.", bold=True)
         return None
+
+
+def command_name() -> str:
+    """How to call this gpuledger from the current directory: plain ``gpuledger`` when that is the one on
+    the PATH, else the script next to this interpreter (``.venv/bin/gpuledger`` after ``make demo``)."""
+    script = Path(sys.executable).parent / "gpuledger"
+    on_path = shutil.which("gpuledger")
+    if on_path and Path(on_path).resolve() == script.resolve():
+        return "gpuledger"
+    if not script.exists():
+        return f"{sys.executable} -m gpuledger"
+    try:
+        relative = Path(os.path.abspath(script)).relative_to(Path.cwd())
+    except ValueError:
+        return str(script)
+    return str(relative) if relative.parent != Path() else f"./{relative}"
 
 
 def _free_port() -> int:

@@ -8,7 +8,6 @@ does not answer them.
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import click
@@ -17,13 +16,21 @@ __all__ = ["gpu"]
 
 
 async def _send(nats_url: str, node: str, timeout: float, **fields: Any) -> list[str]:
+    from gpuledger.agent_file import served_nodes, wrong_node
     from libs.bus.client import Bus
+    from libs.errors import ConfigError, RemoteError
     from libs.gpu.monitor import InjectReply, InjectRequest, inject_subject
 
     bus = await Bus.connect(nats_url, name="gpuledger-gpu", node=node, wait=timeout)
     try:
         subject = inject_subject(bus.subjects.prefix)
-        return (await bus.request(subject, InjectRequest(**fields), InjectReply, timeout=timeout)).done
+        try:
+            return (await bus.request(subject, InjectRequest(**fields), InjectReply, timeout=timeout)).done
+        except RemoteError as exc:
+            problem = wrong_node(f"NATS at {nats_url}", await served_nodes(bus), node) if exc.code == 503 else None
+            if problem:
+                raise ConfigError(problem) from exc
+            raise
     finally:
         await bus.close()
 
@@ -44,15 +51,22 @@ def _run(ctx: click.Context, **fields: Any) -> None:
 
 
 @click.group()
-@click.option("--nats-url", envvar="GPULEDGER_NATS_URL", show_envvar=True, default="nats://127.0.0.1:4222",
-              show_default=True)
-@click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], show_envvar=True,
-              default=socket.gethostname)
+@click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envvar=True, default=None,
+              help="Find the agent `gpuledger up` runs there (its agent.json) [default: the default state "
+                   "directory, else its demo/].")
+@click.option("--nats-url", envvar="GPULEDGER_NATS_URL", show_envvar=True, default=None,
+              help="The agent's NATS server [default: the running agent's, else nats://127.0.0.1:4222].")
+@click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], show_envvar=True, default=None,
+              help="The node whose allocator to ask [default: the running agent's, else the host name].")
 @click.option("--timeout", type=float, default=5.0, show_default=True)
 @click.pass_context
-def gpu(ctx: click.Context, nats_url: str, node_name: str, timeout: float) -> None:
+def gpu(ctx: click.Context, state_dir: str | None, nats_url: str | None, node_name: str | None,
+        timeout: float) -> None:
     """Debugging commands for fake GPUs: inject health events."""
-    ctx.obj = {"nats_url": nats_url, "node_name": node_name, "timeout": timeout}
+    from gpuledger.agent_file import locate
+
+    target = locate(nats_url=nats_url, node_name=node_name, state_dir=state_dir)
+    ctx.obj = {"nats_url": target.nats_url, "node_name": target.node, "timeout": timeout}
 
 
 @gpu.command("inject-xid")

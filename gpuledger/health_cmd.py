@@ -20,8 +20,10 @@ import grpc.aio
 import msgspec
 import nats
 import nats.errors
+from click.core import ParameterSource
 
 from gpuledger.agent import SERVICES
+from gpuledger.agent_file import DEFAULT_NATS_URL, find_agent
 from gpuledger.options import agent_options, settings_from
 from libs.commands import PodsRequest, PrepareRequest, StateRequest
 from libs.config import Settings
@@ -110,10 +112,28 @@ async def check(service: str, settings: Settings, timeout: float) -> str | None:
 @click.option("--timeout", type=float, default=3.0, show_default=True, help="Seconds to wait for the answer.")
 @agent_options
 def health(service: str, timeout: float, **values: Any) -> None:
-    """Exit 0 when SERVICE answers on its interface (a Kubernetes exec probe)."""
-    settings = settings_from(values, nats_url=values.get("nats_url") or "nats://127.0.0.1:4222")
+    """Exit 0 when SERVICE answers on its interface (a Kubernetes exec probe).
+
+    Without --nats-url, a running `gpuledger up` of --state-dir (its agent.json) says where to ask."""
+    settings = settings_from(values, nats_url=values.get("nats_url") or DEFAULT_NATS_URL)
+    if values.get("nats_url") is None:
+        settings = _from_agent_file(settings, values)
     problem = asyncio.run(check(service, settings, timeout))
     if problem:
         click.echo(f"{service}: unhealthy: {problem}", err=True)
         sys.exit(1)
     click.echo(f"{service}: ok")
+
+
+def _from_agent_file(settings: Settings, values: dict[str, Any]) -> Settings:
+    ctx = click.get_current_context()
+    given = ctx.get_parameter_source("state_dir") not in (ParameterSource.DEFAULT, None)
+    agent = find_agent(settings.state_dir if given else None)
+    if agent is None:
+        return settings
+    changes: dict[str, Any] = {"nats_url": agent.nats_url}
+    if values.get("node_name") is None:
+        changes["node_name"] = agent.node
+    if ctx.get_parameter_source("device_plugin_dir") in (ParameterSource.DEFAULT, None):
+        changes["device_plugin_dir"] = agent.device_plugin_dir
+    return settings.replace(**changes)

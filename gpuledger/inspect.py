@@ -7,6 +7,7 @@ subscriber would.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any, TextIO
 
 import msgspec
 
+from gpuledger.table import table
 from libs.config import MIB
 from libs.errors import StoreError
 from libs.events.codec import StoredEvent, decode_record, format_time, to_record
@@ -37,9 +39,12 @@ __all__ = [
     "audit_view",
     "follow_events",
     "follow_stream",
+    "history_json",
+    "last_seq",
     "print_events",
     "print_history",
     "print_snapshot",
+    "replay_json",
     "replay_state",
     "summary",
 ]
@@ -76,6 +81,21 @@ def _read(path: Path, after: int) -> Iterator[StoredEvent]:
     conn = open_reader(path)
     try:
         yield from iter_events(conn, after_seq=after)
+    finally:
+        conn.close()
+
+
+def last_seq(path: Path) -> int:
+    """The log's last seq (0 when empty)."""
+    import sqlite3
+
+    from libs.store.replay import unreadable
+
+    conn = open_reader(path)
+    try:
+        return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
+    except sqlite3.DatabaseError as exc:
+        raise unreadable(path, exc) from exc
     finally:
         conn.close()
 
@@ -181,23 +201,35 @@ def _shares(shares: tuple[GpuShare, ...]) -> str:
 def print_snapshot(view: AuditView, *, as_json: bool, out: TextIO = sys.stdout) -> None:
     """Who held which GPU share, since when, granted by which request."""
     if as_json:
-        print(msgspec.json.encode(view).decode(), file=out)
+        print(json.dumps(replay_json(view)), file=out)
         return
     when = format_time(view.time) if view.time else "-"
     print(f"state at seq {view.seq} ({when}), node {view.node or '-'}", file=out)
-    print(f"{'GPU':<5}{'UUID':<42}{'cores used':>11}{'memory used':>18}  {'allocations':<13}health", file=out)
-    for g in view.gpus:
-        health = "healthy" if g.healthy else f"UNHEALTHY ({g.health_reason})"
-        print(f"{g.index:<5}{g.uuid:<42}{g.cores_used:>7}/100{g.memory_used // MIB:>10}/{g.memory_total // MIB:<7}"
-              f"  {len(g.holders):<13}{health}", file=out)
+    gpus = [(g.index, g.uuid, f"{g.cores_used}/100", f"{g.memory_used // MIB}/{g.memory_total // MIB}",
+             len(g.holders), "healthy" if g.healthy else f"UNHEALTHY ({g.health_reason})") for g in view.gpus]
+    for line in table(("GPU", "UUID", "CORES USED", "MEMORY USED (MiB)", "ALLOCATIONS", "HEALTH"), gpus,
+                      right=("GPU", "CORES USED", "MEMORY USED (MiB)", "ALLOCATIONS")):
+        print(line, file=out)
     if not view.allocations:
         print("no allocations", file=out)
         return
-    print(f"\n{'POD':<32}{'CONTAINER':<14}{'SHARES':<24}{'SINCE':<32}{'SEQ':>7}  {'REQUEST':<24}EVENT", file=out)
-    for a in view.allocations:
-        pod = f"{a.namespace}/{a.pod_name}" if a.pod_name else a.pod_uid
-        print(f"{pod:<32}{a.container:<14}{_shares(a.shares):<24}{format_time(a.since):<32}{a.granted_seq:>7}  "
-              f"{a.request_id:<24}{a.event_id}{_notes(a)}", file=out)
+    rows = [(f"{a.namespace}/{a.pod_name}" if a.pod_name else a.pod_uid, a.container, _shares(a.shares),
+             format_time(a.since), a.granted_seq, a.request_id, f"{a.event_id}{_notes(a)}") for a in view.allocations]
+    print(file=out)
+    for line in table(("POD", "CONTAINER", "SHARES", "SINCE", "SEQ", "REQUEST", "EVENT"), rows, right=("SEQ",)):
+        print(line, file=out)
+
+
+def replay_json(view: AuditView) -> dict[str, Any]:
+    """``replay --json``: times as RFC 3339 strings, the unix nanoseconds beside them (``*_ns``);
+    docs/schemas/cli/replay.json."""
+    data = msgspec.to_builtins(view)
+    data["time"] = format_time(view.time) if view.time else None
+    data["time_ns"] = view.time
+    for held, holding in zip(data["allocations"], view.allocations, strict=True):
+        held["since"] = format_time(holding.since)
+        held["since_ns"] = holding.since
+    return data
 
 
 def _notes(a: Holding) -> str:
@@ -209,17 +241,21 @@ def _notes(a: Holding) -> str:
     return f"  ({'; '.join(notes)})" if notes else ""
 
 
+def history_json(entry: Entry) -> dict[str, Any]:
+    """One ``history --json`` line: the readable time, then the record's fields (``recorded_at``: the same
+    instant in unix nanoseconds); docs/schemas/cli/history.json."""
+    return {"time": entry.time, **msgspec.to_builtins(entry)}
+
+
 def print_history(entries: list[Entry], *, as_json: bool, out: TextIO = sys.stdout) -> None:
     if as_json:
-        for e in entries:  # the record's fields plus the readable time, as `events --json` prints
-            print(msgspec.json.encode({"time": e.time, **msgspec.structs.asdict(e)}).decode(), file=out)
+        for e in entries:
+            print(json.dumps(history_json(e)), file=out)
         return
     if not entries:
         print("no events", file=out)
         return
-    print(f"{'SEQ':>7}  {'TIME':<32}{'TYPE':<20}{'POD':<32}{'CONTAINER':<14}{'SHARES':<24}DETAIL", file=out)
-    for e in entries:
-        pod = f"{e.namespace}/{e.pod_name}" if e.pod_name else e.pod_uid
-        detail = e.detail or (f"request {e.request_id}" if e.request_id else "")
-        print(f"{e.seq:>7}  {e.time:<32}{e.type:<20}{pod:<32}{e.container:<14}{_shares(e.shares):<24}"
-              f"{detail}", file=out)
+    rows = [(e.seq, e.time, e.type, f"{e.namespace}/{e.pod_name}" if e.pod_name else e.pod_uid, e.container,
+             _shares(e.shares), e.detail or (f"request {e.request_id}" if e.request_id else "")) for e in entries]
+    for line in table(("SEQ", "TIME", "TYPE", "POD", "CONTAINER", "SHARES", "DETAIL"), rows, right=("SEQ",)):
+        print(line, file=out)

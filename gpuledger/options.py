@@ -19,9 +19,15 @@ import yaml
 
 from libs.config import Settings, default_state_dir
 
-__all__ = ["agent_options", "config_option", "load_config_file", "log_options", "settings_from"]
+__all__ = ["OptionConflict", "agent_options", "config_option", "load_config_file", "log_options", "settings_from"]
 
 F = Callable[..., Any]
+
+
+class OptionConflict(click.ClickException):
+    """Options that contradict each other or mean nothing together: one line, exit code 2 (click's usage code)."""
+
+    exit_code = 2
 
 
 def _opt(*names: str, env: str | list[str], **kw: Any) -> Callable[[F], F]:
@@ -74,8 +80,8 @@ def agent_options(fn: F) -> F:
         _opt("--metrics-port", env="GPULEDGER_METRICS_PORT", type=click.IntRange(0, 65532), default=5678,
              show_default=True, help="Base HTTP port for /metrics: allocator (also /graph, /usage, /version) "
              "on it, registrar +1, vmanager +2, watchdog +3; 0 turns the servers off."),
-        _opt("--metrics-host", env="GPULEDGER_METRICS_HOST", default="0.0.0.0", show_default=True,
-             help="Address the metrics servers listen on."),
+        _opt("--metrics-host", env="GPULEDGER_METRICS_HOST", default="127.0.0.1", show_default=True,
+             help="Address the metrics servers listen on (0.0.0.0: every interface, as a scraped pod needs)."),
         _opt("--usage-interval", env="GPULEDGER_USAGE_INTERVAL", type=float, default=5.0, show_default=True,
              help="Seconds between background NVML usage samples (scrapes read the last sample)."),
         _opt("--health-checks/--no-health-checks", env="GPULEDGER_HEALTH_CHECKS", default=True,

@@ -8,10 +8,13 @@ import signal
 
 import click
 
+from gpuledger.agent_file import remove_agent_file, write_agent_file
 from gpuledger.demo import DemoNode
 from gpuledger.demo_runtime import DemoRuntime
 from gpuledger.launcher import Launcher
+from gpuledger.metrics_ports import check_metrics_ports
 from libs.config import Settings
+from libs.errors import ConfigError
 from libs.logger import get_logger
 
 __all__ = ["run_up"]
@@ -29,6 +32,15 @@ async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: 
     node = DemoNode.prepare(settings, runtime) if demo else None
     if node is not None:
         settings = node.settings
+    try:
+        moved = check_metrics_ports(settings, move=node is not None)
+    except ConfigError as exc:
+        click.secho(f"gpuledger up: {exc}", fg="red", err=True)
+        return 1
+    if moved.metrics_port != settings.metrics_port:
+        click.secho(f"metrics ports {settings.metrics_port}-{settings.metrics_port + 3} are taken; the demo serves "
+                    f"them on {moved.metrics_port}-{moved.metrics_port + 3}", err=True)
+        settings = moved
     launcher = Launcher(settings, embedded_nats=embedded, log_dir=node.log_dir if node is not None else None)
     code = 0
     try:
@@ -36,6 +48,7 @@ async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: 
         if node is not None:
             await node.start_simulator(launcher)
         await launcher.start_services()
+        write_agent_file(launcher.settings)  # how `status`, `events`, `health`, `gpu` find this agent
         if node is not None:
             ended = await node.walk_through(launcher, stop, exit_after=exit_after)
             if ended is not None:
@@ -48,5 +61,6 @@ async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: 
         code = 1
     finally:
         click.secho("stopping…", err=True)
+        remove_agent_file(launcher.settings.state_dir)
         await launcher.stop()
     return code

@@ -48,7 +48,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     allocation_check_period: float = 30.0  # seconds between reconciliations (allocations vs pods)
     # Observability: metrics, status view and GPU health
     metrics_port: int = 0                # base port: allocator +0, registrar +1, vmanager +2, watchdog +3; 0 = off
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"      # loopback; the DaemonSet sets the pod address Prometheus scrapes
     usage_interval: float = 5.0          # seconds between background NVML usage samples (never per scrape)
     health_checks: bool = True           # watch XID/ECC events and mark GPUs unhealthy
     health_ignored_xids: str = "13,31,43,45,68,109"  # application-caused XIDs that say nothing of the GPU

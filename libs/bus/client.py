@@ -69,7 +69,8 @@ class Bus:
 
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc) or type(exc).__name__)
-            _logger.warning("nats error", url=url, error=errors[-1])
+            if wait is None:  # a service logs each; a command (bounded wait) says the last in its BusError
+                _logger.warning("nats error", url=url, error=errors[-1])
             if first_connect:  # back off between its attempts (nats-py reads this option per attempt)
                 nc.options["reconnect_time_wait"] = min(nc.options["reconnect_time_wait"] * 2, FIRST_CONNECT_MAX_WAIT_S)
 

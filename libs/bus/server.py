@@ -48,6 +48,7 @@ class NatsServer:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a terminal's Ctrl-C reaches our owner, which stops the broker last
         )
         try:
             await asyncio.wait_for(self._wait_ready(), timeout)

@@ -27,7 +27,9 @@ from libs.ledger.views import (
 )
 from libs.store.replay import open_reader
 
-__all__ = ["Entry", "gpu_history", "pod_history"]
+__all__ = ["NOT_IN_INVENTORY", "Entry", "gpu_history", "pod_history"]
+
+NOT_IN_INVENTORY = "not in the inventory"  # an inventory entry of a GPU history that does not name the GPU
 
 
 class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -178,7 +180,7 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
             elif isinstance(view, InventoryView):
                 found = [g for g in view.gpus if _names_gpu(gpu, g.index, g.uuid)]
                 detail = (f"GPU{found[0].index} {found[0].uuid} {found[0].name}".strip() if found
-                          else "not in the inventory")
+                          else NOT_IN_INVENTORY)
                 out.append(Entry(seq=seq, recorded_at=at, type="inventory.recorded", detail=detail))
             elif isinstance(view, StoredEvent) and _event_names_gpu(view.event, gpu):
                 out.append(_other_entry(view))

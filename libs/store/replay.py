@@ -16,7 +16,8 @@ from libs.errors import StoreError
 from libs.events.codec import StoredEvent
 from libs.store.rows import COLUMNS, row_to_stored
 
-__all__ = ["iter_events", "iter_rows", "last_seq_wanted", "open_reader", "replay", "seq_at_time", "unreadable"]
+__all__ = ["iter_events", "iter_rows", "last_seq_wanted", "open_reader", "replay", "restore_hint", "seq_at_time",
+           "unreadable"]
 
 # Rows fetched per call. Measured on 1.1 KB events: 1,000 scans ~25% faster than 10,000 (the rows of
 # a chunk stay in the CPU caches); smaller gains nothing.
@@ -38,12 +39,16 @@ def open_reader(path: Path) -> sqlite3.Connection:
 
 
 def unreadable(path: Path | str, exc: sqlite3.DatabaseError) -> StoreError:
-    """The error for a log file SQLite cannot read: it names the file and says what to do."""
-    return StoreError(
-        f"{path} is not a readable gpuledger event log ({exc}). Keep the file for inspection; "
-        "`gpuledger audit verify` reports how far it is intact. Restore it from a backup (or from the "
-        "node's JetStream stream) before starting the allocator on it."
-    )
+    """The error for a log file SQLite cannot read: it names the file, what SQLite found, and the one
+    command that recovers it."""
+    return StoreError(f"{path} is not a readable gpuledger event log (SQLite: {exc}). {restore_hint(path)}")
+
+
+def restore_hint(path: Path | str) -> str:
+    """How to recover the log at ``path``: ``gpuledger log restore`` (gpuledger/log_cmd.py)."""
+    return (f"Stop the allocator, then run `gpuledger log restore --state-dir {Path(path).parent}`: it rebuilds "
+            "the log from the node's JetStream stream (or `--from BACKUP`, a backup copy) and keeps the damaged "
+            "file beside it.")
 
 
 def seq_at_time(conn: sqlite3.Connection, time_ns: int) -> int:

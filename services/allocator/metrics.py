@@ -158,7 +158,7 @@ class AllocatorCollector(Collector):
         yield from (util, mem, req_util, req_mem)
 
 
-def _status_routes(state: LedgerState, usage: UsageSampler) -> dict[str, Route]:
+def _status_routes(state: LedgerState, usage: UsageSampler, node: str) -> dict[str, Route]:
     async def graph(_req: web.Request) -> web.Response:
         return web.json_response(graph_json(state.snapshot(), state.inventory))
 
@@ -166,7 +166,7 @@ def _status_routes(state: LedgerState, usage: UsageSampler) -> dict[str, Route]:
         return web.json_response(usage_json(state.snapshot(), state.inventory, usage.containers))
 
     async def version(_req: web.Request) -> web.Response:
-        return web.json_response({"version": agent_version()})
+        return web.json_response({"version": agent_version(), "node": node})  # `status --url` checks it
 
     return {"/graph": graph, "/usage": usage_route, "/version": version}
 
@@ -203,5 +203,6 @@ async def serving_metrics(settings: Settings, metrics: AllocatorMetrics, state: 
     """The metrics server, reading ``state``, the log, the relay and the last usage sample (None when off)."""
     commits = CommitTimes(event_log)
     metrics.registry.register(AllocatorCollector(settings.node_name, state, event_log, relay, commits, usage))
-    async with serving(settings, "allocator", metrics.registry, routes=_status_routes(state, usage)) as server:
+    routes = _status_routes(state, usage, settings.node_name)
+    async with serving(settings, "allocator", metrics.registry, routes=routes) as server:
         yield server

@@ -46,6 +46,9 @@ from services.watchdog.labels import NodeLabeler
 
 __all__ = ["Recycler", "Repairs"]
 
+FIRST_PASS_RETRY_S = 0.25   # the first reconciliation's pause between tries, doubling...
+FIRST_PASS_MAX_RETRY_S = 4.0  # ...up to this (never longer than the period)
+
 _logger = get_logger("watchdog")
 _VERBS = {"ADDED": "added", "MODIFIED": "updated", "DELETED": "deleted"}
 
@@ -175,16 +178,27 @@ class Recycler:
         return repairs
 
     async def reconcile_forever(self, period: float) -> None:
+        """Reconcile every ``period`` seconds. Until the first pass succeeds (the allocator or the API
+        server still starting, as on every ``gpuledger up``), retry after a short, growing pause
+        instead: the node labels and the repairs should not wait a whole period."""
+        retry = FIRST_PASS_RETRY_S
         while True:
             try:
                 repairs = await self.reconcile()
                 if repairs:
                     _logger.info("reconciliation repaired state", released=repairs.released, deleted=repairs.deleted,
                               patched=repairs.patched, labels_updated=repairs.labels_updated)
-            except (BusError, TimeoutError, OSError) as exc:
-                _logger.warning("reconciliation skipped", error=str(exc) or type(exc).__name__)
-            except Exception as exc:  # an API error: try again next period
-                _logger.warning("reconciliation failed", error=str(exc) or type(exc).__name__)
+            except Exception as exc:  # the allocator or the API server is away: try again
+                error = str(exc) or type(exc).__name__
+                if self.passes == 0:
+                    # quiet while things start; a warning once the pauses have grown to their longest
+                    say = _logger.debug if retry < FIRST_PASS_MAX_RETRY_S else _logger.warning
+                    say("first reconciliation waits for the allocator and the API server", error=error)
+                    await asyncio.sleep(min(retry, period))
+                    retry = min(retry * 2, FIRST_PASS_MAX_RETRY_S)
+                    continue
+                skipped = isinstance(exc, (BusError, TimeoutError, OSError))
+                _logger.warning("reconciliation skipped" if skipped else "reconciliation failed", error=error)
             await asyncio.sleep(period)
 
 

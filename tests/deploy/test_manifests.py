@@ -177,6 +177,7 @@ def test_host_pid_namespace_where_proc_of_other_pods_is_read() -> None:
 def test_declared_ports_are_the_metrics_ports() -> None:
     settings = settings_from_configmap(find("ConfigMap"))
     assert settings.metrics_port > 0
+    assert settings.metrics_host == "0.0.0.0"  # the agent's default is loopback: Prometheus scrapes the pod IP
     containers = _containers()
     names: dict[str, str] = {}
     for service in SERVICES:

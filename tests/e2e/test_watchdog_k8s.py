@@ -117,3 +117,26 @@ async def test_the_kubelet_view_matches_the_ledger_and_guards_releases(wnode: Wa
     assert view is not None and ("default", "viewed", "c") not in view
     assert not _kubelet_still_runs(view, held)
     assert await KubeletPods(str(wnode.settings.state_dir) + "/absent.sock", timeout=1).view() is None
+
+
+async def test_the_first_reconciliation_retries_at_once_until_the_allocator_answers(
+        nats_server: Any, short_dir: Any) -> None:
+    """A watchdog that starts before the allocator (as on every `gpuledger up`) does not wait a whole
+    period for its first pass: the node's GPU-model label appears as soon as the allocator answers."""
+    from contextlib import AsyncExitStack
+
+    from services.allocator import app as allocator_app
+    from services.watchdog import app as watchdog_app
+    from tests.builders import settings_for
+    from tests.e2e.helpers import base_node
+
+    settings = settings_for(short_dir, nats_server.url)
+    async with AsyncExitStack() as stack:
+        node = await base_node(stack, short_dir, nats_server.url, settings)
+        watchdog = await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=60))
+        await asyncio.sleep(1.0)
+        assert watchdog.recycler.passes == 0  # nothing answers allocator.state yet
+        await stack.enter_async_context(allocator_app.service(settings))
+        await eventually(lambda: watchdog.recycler.passes >= 1, timeout=10, interval=0.05,
+                         what="the first reconciliation, well before the 60 s period")
+        assert node.sim.node.render()["metadata"]["labels"][MODEL_LABEL] == "V100-SXM2-16GB"
