@@ -82,7 +82,7 @@ class Bus:
 
         # nats-py retries the first connect itself (max_reconnect_attempts=-1), every reconnect_time_wait.
         connecting = nc.connect(
-            url,
+            [u.strip() for u in url.split(",")] if "," in url else url,  # a cluster: several URLs
             name=name,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
