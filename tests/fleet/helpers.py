@@ -330,3 +330,80 @@ __all__ = [
     "FLEET_DOMAIN", "FleetNode", "HubCluster", "LeafBroker", "LedgerNode", "TcpProxy", "fleet_count", "free_ports",
     "gpus_of", "per_node_seqs", "read_fleet", "start_fleet_node",
 ]
+
+
+REQUIRE_POSTGRES = "GPULEDGER_REQUIRE_POSTGRES"
+
+
+def postgres_bindir() -> Path | None:
+    """Debian's PostgreSQL server binaries (the ``postgresql`` package), newest version first."""
+    import shutil
+
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), reverse=True)
+    if found:
+        return found[0].parent
+    on_path = shutil.which("postgres")
+    return Path(on_path).parent if on_path else None
+
+
+class PostgresServer:
+    """A throw-away PostgreSQL server in a temp dir (initdb, then postgres on a loopback port).
+
+    PostgreSQL refuses to run as root: as root, the data dir belongs to ``nobody`` and the server runs
+    as ``nobody`` through runuser."""
+
+    def __init__(self, bindir: Path) -> None:
+        import tempfile
+
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="glpg", dir="/tmp"))
+        self.port = free_ports(1)[0]
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _as_owner(self, *cmd: str) -> list[str]:
+        import os
+
+        return ["runuser", "-u", "nobody", "--", *cmd] if os.geteuid() == 0 else list(cmd)
+
+    async def start(self, timeout: float = 60.0) -> None:
+        import os
+
+        data = self.root / "data"
+        if os.geteuid() == 0:
+            os.chown(self.root, 65534, 65534)
+        init = await asyncio.create_subprocess_exec(
+            *self._as_owner(str(self.bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
+                            "--no-sync", "-E", "UTF8"),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        _out, err = await asyncio.wait_for(init.communicate(), timeout)
+        if init.returncode:
+            raise RuntimeError(f"initdb failed: {err.decode(errors='replace')}")
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._as_owner(str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-h", "127.0.0.1",
+                            "-k", str(self.root), "-c", "fsync=off"),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+
+        async def ready() -> bool:
+            probe = await asyncio.create_subprocess_exec(
+                str(self.bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port),
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            return await probe.wait() == 0
+
+        await eventually(ready, timeout=timeout, interval=0.2, what="PostgreSQL accepting connections")
+
+    async def stop(self) -> None:
+        import shutil
+        import signal
+
+        if self._proc and self._proc.returncode is None:
+            self._proc.send_signal(signal.SIGINT)  # runuser passes it on: a fast shutdown
+            try:
+                await asyncio.wait_for(self._proc.wait(), 20)
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -24,13 +24,13 @@ from libs.fleet.stream import ensure_fleet_stream
 from libs.fleet.tables import fleet_events
 from libs.ledger.holdings import audit_replay
 from services.fleet.app import FleetService, open_engine, service
-from tests.fleet.helpers import FleetNode, HubCluster, start_fleet_node
+from tests.fleet.helpers import FleetNode, HubCluster, PostgresServer, start_fleet_node
 from tests.polling import eventually
 
 
-def recorder_settings(hub: HubCluster, root: Path) -> Settings:
-    return Settings(node_name="fleet-recorder", state_dir=str(root), nats_url=hub.client_urls(),
-                    fleet_db=f"sqlite:///{root / 'fleet.sqlite'}", metrics_port=0)
+def recorder_settings(hub: HubCluster, root: Path, db: str) -> Settings:
+    return Settings(node_name="fleet-recorder", state_dir=str(root), nats_url=hub.client_urls(), fleet_db=db,
+                    metrics_port=0)
 
 
 def union_of_replays(nodes: list[FleetNode], at: int) -> dict[str, list[bytes]]:
@@ -53,9 +53,17 @@ async def recorded(svc: FleetService, nodes: list[FleetNode]) -> bool:
 
 
 async def test_fleet_at_t_is_the_union_of_every_nodes_replay(hub: HubCluster, short_dir: Path) -> None:
+    await check_fleet_at_t(hub, short_dir, f"sqlite:///{short_dir / 'fleet.sqlite'}")
+
+
+async def test_the_recorder_on_postgresql(hub: HubCluster, short_dir: Path, postgres: PostgresServer) -> None:
+    await check_fleet_at_t(hub, short_dir, postgres.url)
+
+
+async def check_fleet_at_t(hub: HubCluster, short_dir: Path, fleet_db: str) -> None:
     nodes = [await start_fleet_node(hub, short_dir / f"n{i}", f"gpu-{i}", model=("A100" if i < 2 else "H100"))
              for i in range(3)]
-    settings = recorder_settings(hub, short_dir / "rec")
+    settings = recorder_settings(hub, short_dir / "rec", fleet_db)
     (short_dir / "rec").mkdir()
     bus = await hub.recorder_bus()
     marks: list[int] = []
