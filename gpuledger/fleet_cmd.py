@@ -139,6 +139,29 @@ def nodes_(db: str, state_dir: str, as_json: bool) -> None:
         print(f"{n.node:<24}seq {n.last_seq:<10}{n.events:>10} events  last {format_time(n.last_event_at)}")
 
 
+@fleet.command("leaf-config")
+@click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], required=True)
+@click.option("--fleet-url", envvar="GPULEDGER_FLEET_URL", required=True, help="The central leafnode URLs.")
+@click.option("--fleet-credentials", envvar="GPULEDGER_FLEET_CREDENTIALS", required=True)
+@click.option("--store-dir", default="/var/lib/gpuledger/nats", show_default=True)
+@click.option("--port", type=int, default=4222, show_default=True)
+def leaf_config_(node_name: str, fleet_url: str, fleet_credentials: str, store_dir: str, port: int) -> None:
+    """Print the nats-server configuration of this node's broker as a leaf node of the fleet (for a
+    DaemonSet's nats container; `gpuledger up --fleet-url` writes the same one itself)."""
+    from pathlib import Path
+
+    from libs.errors import GpuledgerError
+    from libs.fleet.credentials import load_credentials
+    from libs.fleet.natsconf import leaf_config
+
+    try:
+        creds = load_credentials(fleet_credentials)
+    except GpuledgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    print(leaf_config(node_name, Path(store_dir), remote_urls=[u for u in fleet_url.split(",") if u.strip()],
+                      user=creds.user, password=creds.password, port=port))
+
+
 @fleet.command("join")
 @click.argument("node", nargs=-1, required=True)
 @click.option("--nats-url", envvar="GPULEDGER_NATS_URL", required=True, help="The central cluster's client URLs.")
