@@ -105,7 +105,8 @@ def history_(node: str | None, pod: str | None, namespace: str | None, gpu: str 
         a = r.holding
         to = format_time(r.valid_to) if r.valid_to is not None else "(held)"
         shares = ",".join(f"{g.uuid}:{g.cores}c" for g in a.shares)
-        print(f"{r.node:<24}{a.namespace}/{a.pod_name:<28}{a.container:<14}{shares:<40}{format_time(r.valid_from)}  {to}")
+        print(f"{r.node:<24}{a.namespace}/{a.pod_name:<28}{a.container:<14}{shares:<40}"
+              f"{format_time(r.valid_from)}  {to}")
 
 
 @fleet.command("utilization")

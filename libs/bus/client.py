@@ -246,4 +246,5 @@ class Bus:
         try:
             await asyncio.wait_for(self._nc.drain(), timeout=5)
         except (TimeoutError, nats.errors.Error):
-            await self._nc.close()
+            with contextlib.suppress(OSError):  # the server is gone: the socket may already be reset
+                await self._nc.close()

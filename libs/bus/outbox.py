@@ -34,7 +34,10 @@ from libs.events.codec import StoredEvent, to_record
 from libs.logger import get_logger
 from libs.store.log import EventLog
 
-__all__ = ["EVENT_ID_HEADER", "REBUILT_METADATA", "ROW_HASH_HEADER", "Relay", "StreamRebuilt", "ensure_stream", "rebuilt_subject"]
+__all__ = [
+    "EVENT_ID_HEADER", "REBUILT_METADATA", "ROW_HASH_HEADER", "Relay", "StreamRebuilt", "ensure_stream",
+    "rebuilt_subject",
+]
 
 EVENT_ID_HEADER = "Gpuledger-Event-Id"
 ROW_HASH_HEADER = "Gpuledger-Row-Hash"  # the row's chain hash in the log (hex), carried to the fleet stream

@@ -57,7 +57,7 @@ class FleetIngest:
                     "gpuledger.>", durable=DURABLE, stream=FLEET_STREAM,
                     config=api.ConsumerConfig(ack_policy=api.AckPolicy.ALL, ack_wait=30,
                                               max_ack_pending=20_000, deliver_policy=api.DeliverPolicy.ALL))
-            except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.Error, OSError) as exc:
                 _logger.warning("fleet stream not readable yet", error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(1.0)
         while True:
@@ -102,6 +102,6 @@ class FleetIngest:
                     fresh[node] = SourceState(lag=s.lag or 0, active_s=(s.active or 0) / 1e9,
                                               error=str((s.error or {}).get("description", "")))
                 self.sources = fresh
-            except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.Error, OSError) as exc:
                 _logger.warning("fleet stream info unavailable", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(interval)

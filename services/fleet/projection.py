@@ -21,12 +21,12 @@ from sqlalchemy import Engine, and_, insert, select, update
 
 from libs.errors import CorruptLog
 from libs.events.codec import StoredEvent, decode_record
-from libs.events.schema import AllocationGranted, AllocationImported, InventoryRecorded
+from libs.events.schema import AllocationGranted, InventoryRecorded
 from libs.events.subjects import Subjects, unescape_token
 from libs.fleet.queries import holding_of_row
 from libs.fleet.tables import fleet_events, fleet_gpus, fleet_holdings, fleet_metadata, fleet_nodes, fleet_rejected
 from libs.ledger.holdings import AuditFold, Holding
-from libs.ledger.views import CorrectionView, GrantView, ImportView, InventoryView, ReleaseView, view_of
+from libs.ledger.views import CorrectionView, GrantView, ImportView, ReleaseView, view_of
 from libs.logger import get_logger
 
 __all__ = ["Batch", "FleetMessage", "FleetProjection", "Rejected"]
@@ -96,7 +96,8 @@ class FleetProjection:
         with self.engine.connect() as conn:
             for n in conn.execute(select(fleet_nodes)):
                 nf = self._fold_for(n.node)
-                nf.last_seq, nf.last_hash, nf.last_event_at, nf.events = n.last_seq, n.last_hash, n.last_event_at, n.events
+                nf.last_seq, nf.last_hash = n.last_seq, n.last_hash
+                nf.last_event_at, nf.events = n.last_event_at, n.events
             for r in conn.execute(select(fleet_events.c.node, fleet_events.c.record)
                                   .order_by(fleet_events.c.node, fleet_events.c.seq)):
                 stored = decode_record(r.record.encode())

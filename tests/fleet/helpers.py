@@ -6,10 +6,9 @@ import asyncio
 import contextlib
 import secrets
 import socket
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import uuid
 
 from libs.bus import Bus, NatsServer, Relay
 from libs.events import (
@@ -20,9 +19,9 @@ from libs.events import (
     GpuShare,
     InventoryRecorded,
 )
-from libs.store import EventLog
-from libs.fleet.natsconf import HubServer, NodeLogin, hub_config, leaf_config
 from libs.fleet.naming import FLEET_DOMAIN, RECORDER_USER, node_user
+from libs.fleet.natsconf import HubServer, NodeLogin, hub_config, leaf_config
+from libs.store import EventLog
 from tests.polling import eventually
 
 
@@ -72,7 +71,7 @@ class HubCluster:
                 try:
                     await bus.js.account_info()
                     return True
-                except Exception:  # noqa: BLE001 - "no JetStream leader yet" comes in several forms
+                except Exception:
                     return False
             await eventually(ready, timeout=timeout, interval=0.2, what="a JetStream meta leader in the hub")
         finally:
@@ -242,7 +241,9 @@ class LedgerNode:
             await self.event_log.append([InventoryRecorded(node=self.node, backend="fake", gpus=self.gpus)])
         return self
 
-    async def grant(self, *, namespace: str = "ml", pod_name: str = "", cores: int = 30, gpu: int = 0) -> AllocationGranted:
+    async def grant(
+        self, *, namespace: str = "ml", pod_name: str = "", cores: int = 30, gpu: int = 0
+    ) -> AllocationGranted:
         assert self.event_log
         pod_uid = str(uuid.uuid4())
         info = self.gpus[gpu]

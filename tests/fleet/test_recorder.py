@@ -4,12 +4,11 @@ union of every node's own ``replay --at T``; history and utilization queries; fo
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
-
-import io
-import json
 
 import msgspec
 from click.testing import CliRunner
@@ -76,7 +75,8 @@ async def check_fleet_at_t(hub: HubCluster, short_dir: Path, fleet_db: str) -> N
         svc = await stack.enter_async_context(service(settings, source_interval=0.5))
         for step in range(6):
             for i, n in enumerate(nodes):
-                await n.ledger.grant(namespace=f"team-{i % 2}", pod_name=f"job-{step}-{i}", cores=10 * (i + 1), gpu=step % 2)
+                await n.ledger.grant(namespace=f"team-{i % 2}", pod_name=f"job-{step}-{i}", cores=10 * (i + 1),
+                                     gpu=step % 2)
                 if step % 2 and n.ledger.live:
                     await n.ledger.release()
             marks.append(time.time_ns())

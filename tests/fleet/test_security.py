@@ -4,10 +4,9 @@ node's events; the recorder refuses an event that speaks for another node."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from contextlib import AsyncExitStack
 from pathlib import Path
-
-import urllib.request
 
 import msgspec
 import nats.errors
