@@ -29,6 +29,7 @@ bench: $(BIN)/gpuledger
 	rm -f /tmp/gpuledger-bench-1m.sqlite
 	$(BIN)/python -m bench.append
 	$(BIN)/python -m bench.publication_lag
+	$(BIN)/python -m bench.fleet --nodes 50 --events 10000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
