@@ -29,6 +29,7 @@ bench: $(BIN)/gpuledger
 	rm -f /tmp/gpuledger-bench-1m.sqlite
 	$(BIN)/python -m bench.append
 	$(BIN)/python -m bench.publication_lag
+	$(BIN)/python -m bench.fleet --nodes 50 --events 10000
 
 # deploy/requirements.lock: the image's Python packages (pyproject's dependencies and the build backend)
 # pinned with hashes for deploy/Dockerfile's Python. Existing pins are kept while they still satisfy

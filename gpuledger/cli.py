@@ -14,6 +14,7 @@ from click.core import ParameterSource
 from gpuledger.agent import SERVICES
 from gpuledger.audit_cmd import audit, history, import_checkpoint
 from gpuledger.demo_runtime import RUNTIMES, demo_runtime
+from gpuledger.fleet_cmd import fleet
 from gpuledger.gpu_cmd import gpu
 from gpuledger.health_cmd import health
 from gpuledger.log_cmd import log_group
@@ -192,7 +193,7 @@ def gen_protos() -> None:
 
 
 # Commands that live in their own modules.
-for _command in (status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client, log_group):
+for _command in (status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client, log_group, fleet):
     main.add_command(_command)
 main.add_command(gpu_client, name="vcuda-client")  # the old name
 

@@ -85,7 +85,7 @@ class Launcher:
 
     async def start_nats(self) -> str:
         if self.embedded_nats:
-            self.nats = NatsServer(Path(self.settings.state_dir) / "nats")
+            self.nats = NatsServer(Path(self.settings.state_dir) / "nats", config=_leaf_config(self.settings))
             url = await self.nats.start()
             self.settings = self.settings.replace(nats_url=url)
             _logger.info("embedded nats-server ready", url=url)
@@ -130,3 +130,17 @@ class Launcher:
         if self.nats:
             await self.nats.stop()
         _logger.info("all stopped")
+
+
+def _leaf_config(settings: Settings) -> str | None:
+    """With a fleet URL, the embedded broker is a leaf node of the central cluster in the node's own
+    JetStream domain (its stream and every Allocate stay local); without one, a lone broker as before."""
+    if not settings.fleet_url:
+        return None
+    from libs.fleet.credentials import load_credentials
+    from libs.fleet.natsconf import leaf_config
+
+    creds = load_credentials(settings.fleet_credentials)
+    return leaf_config(settings.node_name, Path(settings.state_dir) / "nats",
+                       remote_urls=[u.strip() for u in settings.fleet_url.split(",") if u.strip()],
+                       user=creds.user, password=creds.password)

@@ -122,6 +122,16 @@ def agent_options(fn: F) -> F:
              show_default=True,
              help="Seconds between checks of every grant against the kubelet's pod-resources record "
                   "(0: only at PreStartContainer)."),
+        # Fleet: join the central cluster as a leaf node; the recorder's database
+        _opt("--fleet-url", env="GPULEDGER_FLEET_URL", default="",
+             help="The central cluster's leafnode URLs (nats://HOST:7422, comma-separated): the embedded broker "
+                  "joins the fleet as a leaf node with its own JetStream domain [default: no fleet]."),
+        _opt("--fleet-credentials", env="GPULEDGER_FLEET_CREDENTIALS", default="",
+             help="YAML file with this node's user: and password: in the central cluster."),
+        _opt("--fleet-db", env="GPULEDGER_FLEET_DB", default="",
+             help="Fleet recorder: SQLAlchemy database URL [default: SQLite at STATE_DIR/fleet.sqlite]."),
+        _opt("--fleet-silent-after", env="GPULEDGER_FLEET_SILENT_AFTER", type=float, default=600.0,
+             show_default=True, help="Fleet recorder: seconds without an event after which a node counts as silent."),
         _opt("--extra-config", env="GPULEDGER_EXTRA_CONFIG", default="",
              help='gpu-manager\'s extra config JSON ({"default": {"devices": [...]}}): device nodes added to '
                   "every Allocate response."),

@@ -71,6 +71,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # --extra-config JSON, whose "default" devices go into every Allocate response
     identity_check_period: float = 30.0
     extra_config: str = ""
+    # Fleet: the node's embedded broker joins the central cluster as a leaf node (empty: a lone node,
+    # nothing changes); the credentials file holds the node's user and password there. For the fleet
+    # recorder: its database (a SQLAlchemy URL; empty: SQLite at <state_dir>/fleet.sqlite) and when a
+    # node that sent nothing counts as silent.
+    fleet_url: str = ""
+    fleet_credentials: str = ""
+    fleet_db: str = ""
+    fleet_silent_after: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -98,12 +106,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             parse_xids(self.health_ignored_xids)
         except ValueError as exc:
             raise msgspec.ValidationError(str(exc)) from None
+        if self.fleet_url and not self.fleet_credentials:
+            raise msgspec.ValidationError("fleet_url needs fleet_credentials (the node's user in the central cluster)")
+        if self.fleet_silent_after <= 0:
+            raise msgspec.ValidationError("fleet_silent_after must be positive")
         if self.identity_check_period < 0:
             raise msgspec.ValidationError("identity_check_period must not be negative")
 
     @property
     def log_path(self) -> Path:
         return Path(self.state_dir) / "ledger.sqlite"
+
+    @property
+    def fleet_db_url(self) -> str:
+        return self.fleet_db or f"sqlite:///{Path(self.state_dir) / 'fleet.sqlite'}"
 
     @property
     def vm_root(self) -> Path:

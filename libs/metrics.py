@@ -23,7 +23,7 @@ from libs.logger import get_logger
 
 __all__ = ["PORT_OFFSETS", "MetricsServer", "metrics_port", "serving", "timed"]
 
-PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3}
+PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3, "fleet": 4}  # fleet: the recorder
 
 _logger = get_logger("metrics")
 

@@ -83,7 +83,7 @@ class Bus:
 
         # nats-py retries the first connect itself (max_reconnect_attempts=-1), every reconnect_time_wait.
         connecting = nc.connect(
-            url,
+            [u.strip() for u in url.split(",")] if "," in url else url,  # a cluster: several URLs
             name=name,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
@@ -247,4 +247,5 @@ class Bus:
         try:
             await asyncio.wait_for(self._nc.drain(), timeout=5)
         except (TimeoutError, nats.errors.Error):
-            await self._nc.close()
+            with contextlib.suppress(OSError):  # the server is gone: the socket may already be reset
+                await self._nc.close()

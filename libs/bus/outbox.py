@@ -35,9 +35,13 @@ from libs.events.codec import StoredEvent, to_record
 from libs.logger import get_logger
 from libs.store.log import EventLog
 
-__all__ = ["EVENT_ID_HEADER", "REBUILT_METADATA", "Relay", "StreamRebuilt", "ensure_stream", "rebuilt_subject"]
+__all__ = [
+    "EVENT_ID_HEADER", "REBUILT_METADATA", "ROW_HASH_HEADER", "Relay", "StreamRebuilt", "ensure_stream",
+    "rebuilt_subject",
+]
 
 EVENT_ID_HEADER = "Gpuledger-Event-Id"
+ROW_HASH_HEADER = "Gpuledger-Row-Hash"  # the row's chain hash in the log (hex), carried to the fleet stream
 REBUILT_METADATA = "gpuledger.rebuilt"  # stream metadata key: "<RFC 3339 time> <cause>" of the last rebuild
 WRONG_LAST_SEQUENCE = 10071
 
@@ -243,6 +247,7 @@ class Relay:
                 "Nats-Msg-Id": f"{subjects.stream}:{stored.seq}",
                 EVENT_ID_HEADER: stored.event_id,
                 "Gpuledger-Type": stored.type,
+                **({ROW_HASH_HEADER: stored.row_hash} if stored.row_hash else {}),
             },
         )
 

@@ -33,8 +33,13 @@ def find_nats_server() -> str:
 
 
 class NatsServer:
-    def __init__(self, store_dir: str | Path, *, host: str = "127.0.0.1", port: int = -1) -> None:
+    def __init__(
+        self, store_dir: str | Path, *, host: str = "127.0.0.1", port: int = -1, config: str | None = None
+    ) -> None:
+        """``config``: a whole nats-server configuration (a fleet leaf node or a central server); it
+        then decides the address, JetStream and its store, and is written next to ``store_dir``."""
         self.store_dir = Path(store_dir)
+        self.config = config
         self.host = host
         self.port = port
         self.url = ""
@@ -43,8 +48,15 @@ class NatsServer:
 
     async def start(self, timeout: float = 15.0) -> str:
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        if self.config is not None:
+            conf = self.store_dir.with_name(self.store_dir.name + ".conf")
+            conf.write_text(self.config)
+            conf.chmod(0o600)  # it may hold passwords
+            args = ["-c", str(conf)]
+        else:
+            args = ["-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
         self._proc = await asyncio.create_subprocess_exec(
-            find_nats_server(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir),
+            find_nats_server(), *args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
@@ -82,6 +94,13 @@ class NatsServer:
             text = line.decode(errors="replace").strip()
             if "[ERR]" in text or "[FTL]" in text or "[WRN]" in text:
                 _logger.warning("nats-server", line=text)
+
+    def reload(self, config: str) -> None:
+        """Write a new configuration and make the running server read it (SIGHUP): users, permissions."""
+        self.config = config
+        self.store_dir.with_name(self.store_dir.name + ".conf").write_text(config)
+        if self._proc and self._proc.returncode is None:
+            self._proc.send_signal(signal.SIGHUP)
 
     @property
     def pid(self) -> int | None:

@@ -47,6 +47,9 @@ class StoredEvent(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     event_id: str             # 32 hex characters
     command_id: str | None = None
     event: AnyEvent
+    # hex sha256 chain hash of the row (empty where the reader did not read it): the relay publishes
+    # it with the event, so that the fleet copy pins the node's chain
+    row_hash: str = ""
 
     @property
     def type(self) -> str:

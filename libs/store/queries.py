@@ -50,7 +50,7 @@ class LogQueries:
         return [row_to_stored(r) for r in rows]
 
     async def read_after(self, after_seq: int, limit: int = 512) -> list[StoredEvent]:
-        sql = f"SELECT {COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
+        sql = f"SELECT {COLUMNS}, hash FROM events WHERE seq > ? ORDER BY seq LIMIT ?"  # the relay sends the hash
         return await self._rows(sql, (after_seq, limit))
 
     async def by_command(self, command_id: str) -> list[StoredEvent]:

@@ -34,7 +34,9 @@ def event_row(
 
 
 def row_to_stored(row: Sequence[Any]) -> StoredEvent:
-    seq, recorded_at, stream_id, version, type_name, schema_v, event_id, command_id, payload = row
+    """A row of COLUMNS, optionally followed by its ``hash``."""
+    seq, recorded_at, stream_id, version, type_name, schema_v, event_id, command_id, payload = row[:9]
+    row_hash = row[9].hex() if len(row) > 9 and isinstance(row[9], bytes) else ""
     if not isinstance(payload, bytes):
         raise CorruptLog(seq, "payload is not a blob")
     return StoredEvent(
@@ -45,4 +47,5 @@ def row_to_stored(row: Sequence[Any]) -> StoredEvent:
         event_id=event_id.hex(),
         command_id=command_id,
         event=decode_body(type_name, schema_v, payload, seq=seq),
+        row_hash=row_hash,
     )

@@ -179,7 +179,8 @@ class LogWriter:
                     prev = chain_hash(prev, row)
                     rows.append((*row, prev))
                     stored.append(StoredEvent(seq=seq, recorded_at=at, stream_id=stream, version=version,
-                                              event_id=event_id.hex(), command_id=req.command_id, event=ev))
+                                              event_id=event_id.hex(), command_id=req.command_id, event=ev,
+                                              row_hash=prev.hex()))
                 conn.execute("SAVEPOINT request")
                 try:
                     conn.executemany(_INSERT, rows)

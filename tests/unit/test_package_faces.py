@@ -23,6 +23,11 @@ FACES: dict[str, tuple[str, ...] | None] = {
         "GpuHealthChanged", "GpuInfo", "GpuShare", "InventoryRecorded", "MountSpec", "StoredEvent", "Subjects",
         "escape_token", "from_record", "register_upcaster", "to_record", "unescape_token",
     ),
+    "libs.fleet": (
+        "FLEET_DOMAIN", "FLEET_STREAM", "Credentials", "HubServer", "NodeLogin", "add_nodes", "ensure_fleet_stream",
+        "fleet_stream_config", "hub_config", "leaf_config", "load_credentials", "node_domain", "node_permissions",
+        "node_user", "remove_nodes", "with_credentials",
+    ),
     "libs.gpu": (
         "DEFAULT_FAKE_PROFILE", "FakeBackend", "GpuBackend", "Inventory", "NvmlBackend", "TopologyTree", "TreeNode",
         "build_tree", "link_level", "load_inventory", "nvlink_count", "open_monitor", "parse_topo_matrix",

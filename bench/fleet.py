@@ -1,0 +1,243 @@
+"""Fleet ledger: N leaf brokers with N node ledgers -> a 3-server central cluster -> the recorder.
+
+Everything on this machine: 3 central nats-servers (routes, JetStream R3, fsync always), one leaf
+broker per node (its own nats-server and JetStream domain), and one Python process driving every
+node's real event log and outbox relay (the synthetic nodes share it, as the issue allows). Steps:
+
+1. fill: each node appends ``--events`` grants to its own log; its relay publishes them to its leaf.
+2. backlog: the fleet stream is created with every node as a source in one create; time until it
+   holds every event (events/s). This is the floor's scenario b1 with gpuledger's relay in front.
+3. join: one stream update adding one source to a stream that already sources 100/500/1000 nodes.
+4. recorder: the fleet stream into SQLite, then into PostgreSQL (when installed): events/s.
+5. ``fleet at T`` over everything recorded (SQLite and PostgreSQL).
+6. RSS of the central servers (peak during the backlog, and after).
+7. one node's grant latency (the allocator's append, relay running), with and without a fleet link.
+
+    python -m bench.fleet [--nodes 50] [--events 10000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from nats.js import api
+
+from libs.bus import NatsServer
+from libs.fleet.naming import FLEET_STREAM
+from libs.fleet.queries import fleet_at
+from libs.fleet.stream import ensure_fleet_stream, node_source
+from services.fleet.app import open_engine
+from services.fleet.ingest import DURABLE, FleetIngest
+from services.fleet.projection import FleetProjection
+from tests.fleet.helpers import (
+    HubCluster,
+    LeafBroker,
+    LedgerNode,
+    PostgresServer,
+    fleet_count,
+    postgres_bindir,
+)
+
+
+def rss_mib(pid: int | None) -> float:
+    if not pid:
+        return 0.0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def fill(node: LedgerNode, events: int, batch: int = 50, live: int = 20) -> None:
+    """``events`` grants and releases through the real log (``batch`` per commit, as a busy allocator
+    groups them), each release ending the grant made ``live`` grants earlier: ~``live`` held per node."""
+    import uuid
+    from collections import deque
+
+    import msgspec
+
+    from libs.events import AllocationGranted, AllocationReleased
+
+    assert node.event_log
+    template: AllocationGranted = await node.grant()
+    held: deque[AllocationGranted] = deque([template])
+    left = events - 1
+    while left > 0:
+        chunk: list[Any] = []
+        while len(chunk) < min(batch, left):
+            if len(held) >= live and len(chunk) % 2:
+                gone = held.popleft()
+                chunk.append(AllocationReleased(alloc_id=gone.alloc_id, pod_uid=gone.pod_uid,
+                                                container=gone.container, reason="deleted"))
+            else:
+                grant = msgspec.structs.replace(template, alloc_id=uuid.uuid4().hex, pod_uid=str(uuid.uuid4()))
+                held.append(grant)
+                chunk.append(grant)
+        await node.event_log.append(chunk)
+        left -= len(chunk)
+    assert node.relay
+    await node.relay.wait_published(node.event_log.last_seq, timeout=1800)
+
+
+async def grant_latencies(node: LedgerNode, samples: int) -> list[float]:
+    out = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        await node.grant()
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+async def join_cost(bus: Any, sizes: list[int]) -> dict[int, float]:
+    """ms for one update adding one source to a stream already sourcing ``size`` (absent) nodes."""
+    out = {}
+    for size in sizes:
+        name = f"JOINBENCH{size}"
+        config = api.StreamConfig(name=name, storage=api.StorageType.FILE, num_replicas=3,
+                                  sources=[node_source(f"ghost-{i}") for i in range(size)])
+        await bus.js.add_stream(config)
+        config.sources = [*config.sources, node_source("ghost-new")]
+        start = time.perf_counter()
+        await bus.js.update_stream(config)
+        out[size] = (time.perf_counter() - start) * 1e3
+        await bus.js.delete_stream(name)
+    return out
+
+
+async def record(bus: Any, db_url: str, total: int) -> tuple[float, float]:
+    """(events/s into the database, fleet-at-T ms) for the whole fleet stream."""
+    engine = open_engine(db_url)
+    projection = FleetProjection(engine)
+    ingest = FleetIngest(bus, projection, batch_size=1000)
+    start = time.perf_counter()
+    task = asyncio.create_task(ingest.run())
+    while ingest.ingested < total:
+        await asyncio.sleep(0.2)
+        if time.perf_counter() - start > 1800:
+            raise TimeoutError(f"recorder stuck at {ingest.ingested}/{total}")
+    rate = total / (time.perf_counter() - start)
+    task.cancel()
+    await bus.js.delete_consumer(FLEET_STREAM, DURABLE)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        states = await asyncio.to_thread(fleet_at, engine, time.time_ns())
+        times.append((time.perf_counter() - t) * 1e3)
+    assert states  # every node holds its last grants
+    engine.dispose()
+    return rate, statistics.median(times)
+
+
+async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {"nodes": nodes_n, "events_per_node": events, "cpus": os.cpu_count(),
+                           "python": platform.python_version(), "load_before": os.getloadavg()}
+    hub = HubCluster(root / "hub")
+    await hub.start(timeout=60)
+    leaves: list[LeafBroker] = []
+    nodes: list[LedgerNode] = []
+    bus = await hub.recorder_bus()
+    try:
+        for i in range(nodes_n):
+            leaf = LeafBroker(f"bench-{i:04d}", root / f"leaf{i}", hub)
+            leaves.append(leaf)
+        for leaf in leaves:  # one reload per node is slow at 50: add the users first, then start
+            hub.logins.setdefault(leaf.node, __import__("libs.fleet.natsconf", fromlist=["NodeLogin"])
+                                  .NodeLogin(leaf.node, os.urandom(8).hex()))
+        hub.add_node(leaves[0].node)
+        await asyncio.sleep(1)
+        for leaf in leaves:
+            await leaf.start(timeout=60)
+        for i, leaf in enumerate(leaves):
+            nodes.append(await LedgerNode(leaf.node, root / f"n{i}", leaf.url).start())
+        start = time.perf_counter()
+        for k in range(0, nodes_n, 10):
+            await asyncio.gather(*(fill(n, events) for n in nodes[k:k + 10]))
+        out["fill_s"] = time.perf_counter() - start
+        total = sum(n.event_log.last_seq for n in nodes)  # type: ignore[union-attr]
+        out["total_events"] = total
+        out["local_fill_events_per_s"] = total / out["fill_s"]
+
+        peak = [0.0] * 3
+        start = time.perf_counter()
+        await ensure_fleet_stream(bus.js, [n.node for n in nodes])
+        out["create_ms"] = (time.perf_counter() - start) * 1e3
+        while (count := await fleet_count(bus)) < total:
+            for i, s in enumerate(hub.servers):
+                peak[i] = max(peak[i], rss_mib(s.pid))
+            await asyncio.sleep(0.5)
+            if time.perf_counter() - start > 1800:
+                raise TimeoutError(f"fleet stream stuck at {count}/{total}")
+        out["backlog_s"] = time.perf_counter() - start
+        out["backlog_events_per_s"] = total / out["backlog_s"]
+        out["hub_rss_peak_mib"] = peak
+        out["hub_rss_after_mib"] = [rss_mib(s.pid) for s in hub.servers]
+
+        out["join_ms"] = await join_cost(bus, [100, 500, 1000])
+
+        out["recorder_sqlite_events_per_s"], out["fleet_at_sqlite_ms"] = await record(
+            bus, f"sqlite:///{root / 'fleet.sqlite'}", total)
+        bindir = postgres_bindir()
+        if bindir is not None:
+            pg = PostgresServer(bindir)
+            await pg.start()
+            try:
+                out["recorder_postgres_events_per_s"], out["fleet_at_postgres_ms"] = await record(bus, pg.url, total)
+            finally:
+                await pg.stop()
+
+        linked = await grant_latencies(nodes[0], 300)
+        lone_server = NatsServer(root / "lone")
+        await lone_server.start()
+        lone = await LedgerNode("lone", root / "lone-ledger", lone_server.url).start()
+        try:
+            alone = await grant_latencies(lone, 300)
+        finally:
+            await lone.stop()
+            await lone_server.stop()
+        out["grant_ms_linked"] = {"p50": pct(linked, 0.5), "p99": pct(linked, 0.99)}
+        out["grant_ms_lone"] = {"p50": pct(alone, 0.5), "p99": pct(alone, 0.99)}
+        out["load_after"] = os.getloadavg()
+        return out
+    finally:
+        await bus.close()
+        for n in nodes:
+            await n.stop()
+        for leaf in leaves:
+            await leaf.stop()
+        await hub.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="glfb", dir="/tmp"))
+    try:
+        result = asyncio.run(run(args.nodes, args.events, root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    text = json.dumps(result, indent=2, default=str)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

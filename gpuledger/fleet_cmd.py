@@ -1,0 +1,188 @@
+"""``gpuledger fleet``: the fleet recorder and the fleet-wide queries (holdings at T, history, utilization)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+import click
+import msgspec
+
+from gpuledger.options import agent_options, settings_from
+from libs.config import Settings
+from libs.events.codec import format_time, parse_time
+
+__all__ = ["fleet"]
+
+MIB = 1 << 20
+
+
+def _db_option(fn: Any) -> Any:
+    fn = click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")(fn)
+    fn = click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envvar=True,
+                      default=lambda: Settings().state_dir, help="Where the default SQLite database lives.")(fn)
+    return click.option("--db", envvar="GPULEDGER_FLEET_DB", show_envvar=True, default="",
+                        help="The recorder's database URL [default: SQLite at STATE_DIR/fleet.sqlite].")(fn)
+
+
+def _engine(db: str, state_dir: str) -> Any:
+    from services.fleet.app import open_engine
+
+    return open_engine(db or Settings(state_dir=state_dir).fleet_db_url)
+
+
+def _when(text: str | None, default: int) -> int:
+    if text is None:
+        return default
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _json(value: object) -> None:
+    print(msgspec.json.encode(value).decode())
+
+
+@click.group()
+def fleet() -> None:
+    """The fleet ledger: every node's allocation history in one place (see docs/fleet.md)."""
+
+
+@fleet.command()
+@agent_options
+def record(**values: Any) -> None:
+    """Run the fleet recorder: the fleet stream of the central cluster (--nats-url, --fleet-credentials)
+    into the SQL projection (--fleet-db), with /metrics on --metrics-port + 4."""
+    from libs.runtime import run_service
+    from services.fleet.app import service
+
+    settings = settings_from(values, nats_url=values.get("nats_url") or "nats://127.0.0.1:4222")
+    sys.exit(run_service("fleet", settings, service))
+
+
+@fleet.command("at")
+@click.argument("when")
+@click.option("--node", default=None, help="Only this node.")
+@_db_option
+def at_(when: str, node: str | None, db: str, state_dir: str, as_json: bool) -> None:
+    """Every holding on every node at WHEN (ISO-8601 or unix seconds), as each node's `replay --at` says."""
+    from libs.fleet.queries import fleet_at
+
+    states = fleet_at(_engine(db, state_dir), _when(when, 0), node=node)
+    if as_json:
+        _json(states)
+        return
+    if not states:
+        print("no holdings")
+    for s in states:
+        for a in s.allocations:
+            shares = ",".join(f"{g.uuid}:{g.cores}c/{g.memory // MIB}MiB" for g in a.shares)
+            print(f"{s.node:<24}{a.namespace}/{a.pod_name:<28}{a.container:<14}{shares:<48}{format_time(a.since)}")
+
+
+@fleet.command("history")
+@click.option("--node", default=None)
+@click.option("--pod", default=None, help="Pod name or UID.")
+@click.option("--namespace", default=None)
+@click.option("--gpu", default=None, help="GPU UUID.")
+@click.option("--since", default=None, help="Only states that lasted past this time.")
+@click.option("--until", default=None, help="Only states that began by this time.")
+@_db_option
+def history_(node: str | None, pod: str | None, namespace: str | None, gpu: str | None, since: str | None,
+             until: str | None, db: str, state_dir: str, as_json: bool) -> None:
+    """Who held what, when: every state of the allocations matching the filters, oldest first."""
+    from libs.fleet.queries import history
+
+    rows = history(_engine(db, state_dir), node=node, pod=pod, namespace=namespace, gpu=gpu,
+                   since=_when(since, 0) if since else None, until=_when(until, 0) if until else None)
+    if as_json:
+        _json(rows)
+        return
+    for r in rows:
+        a = r.holding
+        to = format_time(r.valid_to) if r.valid_to is not None else "(held)"
+        shares = ",".join(f"{g.uuid}:{g.cores}c" for g in a.shares)
+        print(f"{r.node:<24}{a.namespace}/{a.pod_name:<28}{a.container:<14}{shares:<40}"
+              f"{format_time(r.valid_from)}  {to}")
+
+
+@fleet.command("utilization")
+@click.option("--since", default=None, help="Window start [default: one hour ago].")
+@click.option("--until", default=None, help="Window end [default: now].")
+@_db_option
+def utilization_(since: str | None, until: str | None, db: str, state_dir: str, as_json: bool) -> None:
+    """Share of vcuda-cores held per node and GPU model over a window."""
+    from libs.fleet.queries import utilization
+
+    now = time.time_ns()
+    rows = utilization(_engine(db, state_dir), _when(since, now - 3600 * 10**9), _when(until, now))
+    if as_json:
+        _json(rows)
+        return
+    for u in rows:
+        print(f"{u.node:<24}{u.model:<32}{u.gpus:>4} GPUs  {100 * u.utilization:6.1f}%")
+
+
+@fleet.command("nodes")
+@_db_option
+def nodes_(db: str, state_dir: str, as_json: bool) -> None:
+    """The nodes the recorder has heard of: last seq, last row hash, when."""
+    from libs.fleet.queries import nodes
+
+    rows = nodes(_engine(db, state_dir))
+    if as_json:
+        _json(rows)
+        return
+    for n in rows:
+        print(f"{n.node:<24}seq {n.last_seq:<10}{n.events:>10} events  last {format_time(n.last_event_at)}")
+
+
+@fleet.command("leaf-config")
+@click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], required=True)
+@click.option("--fleet-url", envvar="GPULEDGER_FLEET_URL", required=True, help="The central leafnode URLs.")
+@click.option("--fleet-credentials", envvar="GPULEDGER_FLEET_CREDENTIALS", required=True)
+@click.option("--store-dir", default="/var/lib/gpuledger/nats", show_default=True)
+@click.option("--port", type=int, default=4222, show_default=True)
+def leaf_config_(node_name: str, fleet_url: str, fleet_credentials: str, store_dir: str, port: int) -> None:
+    """Print the nats-server configuration of this node's broker as a leaf node of the fleet (for a
+    DaemonSet's nats container; `gpuledger up --fleet-url` writes the same one itself)."""
+    from pathlib import Path
+
+    from libs.errors import GpuledgerError
+    from libs.fleet.credentials import load_credentials
+    from libs.fleet.natsconf import leaf_config
+
+    try:
+        creds = load_credentials(fleet_credentials)
+    except GpuledgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    print(leaf_config(node_name, Path(store_dir), remote_urls=[u for u in fleet_url.split(",") if u.strip()],
+                      user=creds.user, password=creds.password, port=port))
+
+
+@fleet.command("join")
+@click.argument("node", nargs=-1, required=True)
+@click.option("--nats-url", envvar="GPULEDGER_NATS_URL", required=True, help="The central cluster's client URLs.")
+@click.option("--fleet-credentials", envvar="GPULEDGER_FLEET_CREDENTIALS", default="",
+              help="YAML user:/password: of an account admin (the recorder's).")
+def join(node: tuple[str, ...], nats_url: str, fleet_credentials: str) -> None:
+    """Source these nodes' streams into the fleet stream (one stream update for all of them)."""
+    from libs.bus import Bus
+    from libs.fleet.credentials import load_credentials, with_credentials
+    from libs.fleet.stream import ensure_fleet_stream
+
+    async def go() -> None:
+        creds = load_credentials(fleet_credentials) if fleet_credentials else None
+        bus = await Bus.connect(with_credentials(nats_url, creds), name="fleet-join", node="fleet", wait=10)
+        try:
+            start = time.monotonic()
+            info = await ensure_fleet_stream(bus.js, node)
+            print(f"fleet stream sources {len(info.config.sources or [])} nodes "
+                  f"({time.monotonic() - start:.3f}s)")
+        finally:
+            await bus.close()
+
+    asyncio.run(go())

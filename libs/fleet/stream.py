@@ -1,0 +1,82 @@
+"""The fleet stream: one replicated stream in the central cluster that sources every node's stream.
+
+Each source reads ``GPULEDGER_<node>`` through the node's JetStream domain (``$JS.<domain>.API``):
+the central cluster creates a consumer on the node's broker over the leaf link, which delivers the
+node's events in stream order (stream seq == log seq), resumes after the last one the fleet stream
+holds when the link returns, and never delivers one twice. No gpuledger code is on that path: what
+reaches the fleet stream is what the node's relay committed to its own stream, subject, headers
+(event id, row hash) and all, plus NATS's ``Nats-Stream-Source`` header naming the origin.
+
+Sources are added in bulk (one stream update for every node that joined since the last one): an
+update costs time in proportion to the sources already configured, so adding them one by one would
+make growing a fleet quadratic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+
+from libs.events.subjects import Subjects
+from libs.fleet.naming import FLEET_STREAM, node_domain
+
+__all__ = ["add_nodes", "ensure_fleet_stream", "fleet_stream_config", "node_source", "remove_nodes", "sourced_nodes"]
+
+
+def node_source(node: str) -> api.StreamSource:
+    return api.StreamSource(
+        name=Subjects(node).stream,
+        external=api.ExternalStream(api=f"$JS.{node_domain(node)}.API", deliver=""),
+    )
+
+
+def fleet_stream_config(nodes: Iterable[str], *, replicas: int = 3) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=FLEET_STREAM,
+        description="every committed event of every gpuledger node, sourced from each node's stream",
+        storage=api.StorageType.FILE,
+        retention=api.RetentionPolicy.LIMITS,
+        num_replicas=replicas,
+        deny_delete=True,
+        deny_purge=True,
+        allow_direct=True,
+        sources=[node_source(n) for n in sorted(set(nodes))],
+    )
+
+
+async def ensure_fleet_stream(js: JetStreamContext, nodes: Iterable[str] = (), *, replicas: int = 3) -> api.StreamInfo:
+    """Create the fleet stream with these nodes' sources (all in one create), or add the missing ones."""
+    nodes = list(nodes)
+    try:
+        await js.stream_info(FLEET_STREAM)
+    except NotFoundError:
+        return await js.add_stream(fleet_stream_config(nodes, replicas=replicas))
+    return await add_nodes(js, nodes)
+
+
+def sourced_nodes(info: api.StreamInfo) -> set[str]:
+    """The stream names the fleet stream sources (``GPULEDGER_<token>``)."""
+    return {s.name for s in info.config.sources or []}
+
+
+async def add_nodes(js: JetStreamContext, nodes: Iterable[str]) -> api.StreamInfo:
+    """Source these nodes too: one stream update for all of them, none if they are all there."""
+    info = await js.stream_info(FLEET_STREAM)
+    have = sourced_nodes(info)
+    fresh = [node_source(n) for n in sorted(set(nodes)) if Subjects(n).stream not in have]
+    if not fresh:
+        return info
+    config = info.config
+    config.sources = [*(config.sources or []), *fresh]
+    return await js.update_stream(config)
+
+
+async def remove_nodes(js: JetStreamContext, nodes: Iterable[str]) -> api.StreamInfo:
+    """Stop sourcing these nodes (a node that left the fleet); what the stream holds of them stays."""
+    info = await js.stream_info(FLEET_STREAM)
+    gone = {Subjects(n).stream for n in nodes}
+    config = info.config
+    config.sources = [s for s in config.sources or [] if s.name not in gone]
+    return await js.update_stream(config)

@@ -1,0 +1,62 @@
+"""Fleet recorder composition root: the fleet stream (central cluster) -> the SQL projection, the
+witness desk for node checkpoints, /metrics. Usually one per cluster (``gpuledger fleet record``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, create_engine
+
+from libs.bus import Bus
+from libs.config import Settings
+from libs.fleet.credentials import load_credentials, with_credentials
+from libs.logger import get_logger
+from libs.runtime import Supervisor
+from services.fleet.ingest import FleetIngest
+from services.fleet.metrics import observe
+from services.fleet.projection import FleetProjection
+from services.fleet.witness import CheckpointDesk, Witness
+
+__all__ = ["FleetService", "open_engine", "service"]
+
+_logger = get_logger("fleet")
+
+
+@dataclass
+class FleetService:
+    ingest: FleetIngest
+    desk: CheckpointDesk
+    projection: FleetProjection
+    supervisor: Supervisor
+
+
+def open_engine(url: str) -> Engine:
+    """SQLite (the default, embedded) or PostgreSQL (``postgresql+psycopg://...``)."""
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return create_engine(url, pool_pre_ping=True)
+
+
+@asynccontextmanager
+async def service(settings: Settings, *, witness: Witness | None = None,
+                  source_interval: float = 5.0) -> AsyncIterator[FleetService]:
+    async with AsyncExitStack() as stack:
+        creds = load_credentials(settings.fleet_credentials) if settings.fleet_credentials else None
+        bus = await Bus.connect(with_credentials(settings.nats_url, creds), name="fleet-recorder", node="fleet")
+        stack.push_async_callback(bus.close)
+        engine = open_engine(settings.fleet_db_url)
+        stack.callback(engine.dispose)
+        projection = FleetProjection(engine)
+        refolded = projection.load()
+        _logger.info("fleet projection loaded", nodes=len(projection.folds), events=refolded)
+        ingest = FleetIngest(bus, projection)
+        desk = CheckpointDesk(bus, witness)
+        await desk.start()
+        await stack.enter_async_context(observe(settings, ingest, desk))  # /metrics
+        supervisor = Supervisor("fleet")
+        stack.push_async_callback(supervisor.aclose)
+        supervisor.spawn(ingest.run(), "ingest")
+        supervisor.spawn(ingest.watch_sources(source_interval), "sources")
+        yield FleetService(ingest=ingest, desk=desk, projection=projection, supervisor=supervisor)

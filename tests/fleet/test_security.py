@@ -1,0 +1,125 @@
+"""Accounts and users in the central cluster: a node publishes only its own subjects and reads no other
+node's events; the recorder refuses an event that speaks for another node."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import msgspec
+import nats.errors
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from libs.bus import Bus
+from libs.config import Settings
+from libs.events import InventoryRecorded, Subjects
+from libs.events.codec import StoredEvent, to_record
+from libs.fleet.naming import FLEET_STREAM, node_user
+from libs.fleet.stream import ensure_fleet_stream
+from services.fleet.app import service
+from tests.fleet.helpers import HubCluster, free_ports, gpus_of, start_fleet_node
+from tests.polling import eventually
+
+
+async def _node_client(hub: HubCluster, node: str) -> Bus:
+    login = hub.add_node(node)
+    return await Bus.connect(hub.client_urls(node_user(node), login.password), name="intruder", node=node, wait=10)
+
+
+async def test_a_node_may_not_publish_or_read_another_nodes_subjects(hub: HubCluster) -> None:
+    recorder = await hub.recorder_bus()
+    seen: list[str] = []
+
+    async def on_any(msg: dict[str, str]) -> None:
+        seen.append(msg["what"])
+
+    alpha = await _node_client(hub, "alpha")
+    try:
+        await recorder.subscribe("gpuledger.>", dict, on_any)
+        await recorder.flush()
+        async def own_arrives(what: str) -> bool:  # until the recorder's interest reached alpha's server
+            await alpha.publish(Subjects("alpha").event("alloc.granted"), {"what": what})
+            await asyncio.sleep(0.05)
+            return what in seen
+
+        await eventually(lambda: own_arrives("own"), timeout=10, interval=0.05, what="alpha's own publish")
+        await alpha.publish(Subjects("beta").event("alloc.granted"), {"what": "forged"})  # refused by the server
+        await alpha.publish(Subjects("alpha").event("alloc.granted"), {"what": "after"})
+        await eventually(lambda: "after" in seen, timeout=10, interval=0.05, what="alpha's next publish")
+        assert "forged" not in seen  # one connection keeps its order: it would have come before "after"
+        # reading: another node's subjects, and the central JetStream API (the fleet stream), are refused
+        leaked: list[str] = []
+
+        async def on_leak(msg: dict[str, str]) -> None:
+            leaked.append(msg["what"])
+
+        await alpha.subscribe(Subjects("beta").event("alloc.granted"), dict, on_leak)
+        await alpha.flush()
+        await recorder.publish(Subjects("beta").event("alloc.granted"), {"what": "beta's"})
+        await recorder.flush()
+        await asyncio.sleep(0.5)
+        assert leaked == []
+        await ensure_fleet_stream(recorder.js, [], replicas=3)
+        assert (await recorder.js.stream_info(FLEET_STREAM)).config.name == FLEET_STREAM  # the recorder reads it
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):  # no answer for a node
+            await asyncio.wait_for(alpha.js.stream_info(FLEET_STREAM), 8)
+    finally:
+        await alpha.close()
+        await recorder.close()
+
+
+async def test_the_recorder_refuses_an_event_for_another_node(hub: HubCluster, short_dir: Path) -> None:
+    """A node that controls its own broker can put anything in its own stream: a record on another
+    node's subject, or an inventory naming another node. The recorder refuses both (and stores nothing
+    for the other node) because the fleet stream says which node's stream each event came from."""
+    mallory = await start_fleet_node(hub, short_dir / "m", "mallory")
+    honest = await start_fleet_node(hub, short_dir / "h", "honest")
+    (short_dir / "rec").mkdir()
+    base = free_ports(1)[0] - 4
+    settings = Settings(node_name="rec", state_dir=str(short_dir / "rec"), nats_url=hub.client_urls(),
+                        fleet_db=f"sqlite:///{short_dir / 'rec' / 'fleet.sqlite'}", metrics_port=base,
+                        metrics_host="127.0.0.1")
+    recorder = await hub.recorder_bus()
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(recorder.close)
+        for n in (mallory, honest):
+            stack.push_async_callback(n.broker.stop)
+            stack.push_async_callback(n.ledger.stop)
+        await ensure_fleet_stream(recorder.js, [mallory.name, honest.name])
+        svc = await stack.enter_async_context(service(settings, source_interval=0.5))
+        await mallory.ledger.grant()
+        # Mallory widens her own stream to capture honest's subjects and publishes in honest's name.
+        local = mallory.ledger.bus
+        assert local is not None
+        await mallory.ledger.relay.wait_published(2, timeout=10)  # type: ignore[union-attr]
+        info = await local.js.stream_info(Subjects("mallory").stream)
+        config = info.config
+        config.subjects = [*(config.subjects or []), f"{Subjects('honest').prefix}.>"]
+        await local.js.update_stream(config)
+        forged = StoredEvent(seq=2, recorded_at=1, stream_id="inventory", version=2, event_id="f" * 32,
+                             event=InventoryRecorded(node="honest", backend="fake", gpus=gpus_of("honest")))
+        await local.js.publish(Subjects("honest").event("inventory.recorded"), msgspec.json.encode(to_record(forged)),
+                               stream=Subjects("mallory").stream)
+        # ...and an inventory naming honest on her own subject
+        await local.js.publish(Subjects("mallory").event("inventory.recorded"),
+                               msgspec.json.encode(to_record(msgspec.structs.replace(forged, seq=4))),
+                               stream=Subjects("mallory").stream)
+        await honest.ledger.grant()
+        await eventually(lambda: svc.ingest.rejected >= 2 and svc.projection.folds.get("honest") is not None
+                         and svc.projection.folds["honest"].last_seq == 2,
+                         timeout=30, interval=0.2, what="two forged events refused, honest's own recorded")
+        assert svc.projection.folds["honest"].events == 2  # only its own inventory and grant
+        assert svc.projection.folds["mallory"].last_seq == 2
+        # the recorder's metrics say so too: ingested, refused, per-node lag and last seq
+        text = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{base + 4}/metrics", timeout=5).read().decode())
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for fam in text_string_to_metric_families(text) for s in fam.samples}
+        assert samples[("gpuledger_fleet_events_rejected_total", ())] == 2
+        assert samples[("gpuledger_fleet_events_ingested_total", ())] == 4
+        assert samples[("gpuledger_fleet_node_last_seq", (("node", "honest"),))] == 2
+        assert ("gpuledger_fleet_node_lag_events", (("node", "honest"),)) in samples
+        assert samples[("gpuledger_fleet_silent_nodes", ())] == 0
