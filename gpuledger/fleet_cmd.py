@@ -72,8 +72,12 @@ def at_(when: str, node: str | None, db: str, state_dir: str, as_json: bool) -> 
     from libs.fleet.queries import fleet_at
 
     states = fleet_at(_engine(db, state_dir), _when(when, 0), node=node)
-    if as_json:
-        _json(states)
+    if as_json:  # times as `replay --json` gives them: RFC 3339, the unix nanoseconds beside them
+        data = msgspec.to_builtins(states)
+        for state, held in zip(states, data, strict=True):
+            for out, holding in zip(held["allocations"], state.allocations, strict=True):
+                out["since"], out["since_ns"] = format_time(holding.since), holding.since
+        _json(data)
         return
     if not states:
         print("no holdings")
