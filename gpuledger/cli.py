@@ -65,7 +65,7 @@ async def _up(settings: Settings, *, embedded: bool, demo: bool, exit_after: boo
     log = get_logger("up")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: its terminal was closed
         loop.add_signal_handler(sig, stop.set)
     demo_dir = Path(settings.state_dir) / "demo"
     api_url = ""
