@@ -46,6 +46,7 @@ async def service(settings: Settings, *, reconcile_period: float | None = None) 
         )
         source = PodSource(client, settings.node_name, recycler.on_change)
         recycler.source = source
+        bus.on_reconnect.append(recycler.kick)  # issue 13: reconcile as soon as the broker is back
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))
         await stack.enter_async_context(observe(settings, source))  # issue 7: /metrics
         supervisor = Supervisor("watchdog")

@@ -13,11 +13,17 @@ committed ``alloc.released`` event), deletes owned pods that failed admission, p
 whose annotations disagree with the ledger, and keeps the node labels current. A stale cache must
 never free a running pod's GPU, so a release needs the fresh list, and the kubelet's agreement when
 its socket answers.
+
+A pass also runs as soon as something may have been missed, not at the next period: when the NATS
+connection comes back (the broker was away), and, after a release or a pass that failed (the
+allocator, the broker or the API server away), every ``RETRY_S`` until a pass succeeds, i.e. as soon
+as they answer again. So pods deleted during an outage are released within seconds of recovery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -47,6 +53,7 @@ from services.watchdog.labels import NodeLabeler
 __all__ = ["Recycler", "Repairs"]
 
 _log = get_logger("watchdog")
+RETRY_S = 1.0  # between passes while one fails or a release could not be made
 _VERBS = {"ADDED": "added", "MODIFIED": "updated", "DELETED": "deleted"}
 
 
@@ -88,6 +95,12 @@ class Recycler:
         self.kubelet = kubelet
         self.passes = 0  # finished reconciliation passes, for tests
         self._released: set[str] = set()  # pods already released, so MODIFIED events do not repeat it
+        self._kick = asyncio.Event()  # a pass is due now (see kick())
+        self._retry = False           # a release failed since the last pass: retry passes until one works
+
+    def kick(self) -> None:
+        """Run a reconciliation pass now (e.g. the NATS connection is back), not at the next period."""
+        self._kick.set()
 
     async def on_change(self, kind: str, old: Pod | None, new: Pod | None) -> None:
         pod = new or old
@@ -124,6 +137,8 @@ class Recycler:
             )
         except BusError as exc:  # the allocator is away: reconciliation will repair it
             _log.warning("release request failed", pod_uid=pod_uid, error=str(exc))
+            self._retry = True
+            self._kick.set()
             return False
         if reply.released:
             _log.info("released", pod_uid=pod_uid, reason=reason, alloc_ids=reply.released)
@@ -176,16 +191,24 @@ class Recycler:
 
     async def reconcile_forever(self, period: float) -> None:
         while True:
+            self._kick.clear()
+            self._retry = False
+            ok = False
             try:
                 repairs = await self.reconcile()
+                ok = True
                 if repairs:
                     _log.info("reconciliation repaired state", released=repairs.released, deleted=repairs.deleted,
                               patched=repairs.patched, labels_updated=repairs.labels_updated)
             except (BusError, TimeoutError, OSError) as exc:
                 _log.warning("reconciliation skipped", error=str(exc) or type(exc).__name__)
-            except Exception as exc:  # an API error: try again next period
+            except Exception as exc:  # an API error: try again
                 _log.warning("reconciliation failed", error=str(exc) or type(exc).__name__)
-            await asyncio.sleep(period)
+            wait = period if ok and not self._retry else min(RETRY_S, period)
+            if self._retry:
+                self._kick.clear()  # a failed release asks for a retry, paced by RETRY_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), wait)
 
 
 def _kubelet_still_runs(kubelet: KubeletView, allocs: list[Allocation]) -> bool:
