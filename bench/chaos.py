@@ -132,6 +132,8 @@ class Chaos:
         self.deleted_at: dict[str, float] = {}  # pod uid -> when its deletion was asked
         self.whole_since = time.monotonic()      # the node was last whole (no process down) since then
         self.disrupted = 0                        # processes down or frozen now
+        self.whole = asyncio.Event()              # set while none is
+        self.whole.set()
         self.created = asyncio.Event()           # pulses on each pod creation (mid-Allocate kills)
         self.done = False
         self.sim: NodeSimulator | None = None
@@ -182,8 +184,12 @@ class Chaos:
             self.created.set()
             self.created.clear()
             uid = created["metadata"]["uid"]
-            pod = await self.sim.wait_for_pod(
-                "default", f"p{n}", lambda p: p["status"].get("phase") in ("Running", "Failed"), 60)
+            try:
+                pod = await self.sim.wait_for_pod(
+                    "default", f"p{n}", lambda p: p["status"].get("phase") in ("Running", "Failed"), 60)
+            except TimeoutError as exc:  # e.g. admitted, but PreStartContainer finds no allocation
+                self.report.violation(f"p{n} ({manifest['metadata']['labels']['kind']}) stuck: {str(exc)[-400:]}")
+                pod = self.sim.get_pod("default", f"p{n}") or created
             if pod["status"]["phase"] == "Running":
                 self.report.running += 1
                 await asyncio.sleep(rng.uniform(0, 0.5))
@@ -192,6 +198,8 @@ class Chaos:
             await self.sim.delete_pod("default", f"p{n}")
             self.deleted_at[uid] = time.monotonic()
             self.report.lifecycles += 1
+            if pod["status"]["phase"] != "Running":  # do not burn the lifecycles while a process is away
+                await asyncio.wait_for(self.whole.wait(), 90)
 
     def _refused(self, pod: dict[str, Any], manifest: dict[str, Any]) -> None:
         message = pod["status"].get("message", "")
@@ -267,6 +275,7 @@ class Chaos:
         if pid is None:
             return
         self.disrupted += 1
+        self.whole.clear()
         try:
             if freeze:
                 self.report.freezes[name] += 1
@@ -287,6 +296,7 @@ class Chaos:
             self.disrupted -= 1
             if not self.disrupted:
                 self.whole_since = time.monotonic()
+                self.whole.set()
 
     async def recovered(self, name: str, same_pid: int | None, t0: float) -> float | None:
         assert self.settings is not None
