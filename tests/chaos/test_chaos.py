@@ -24,7 +24,7 @@ ROOM_CHECK = os.environ.get("GPULEDGER_CHAOS_ROOM_CHECK", "0") == "1"
 
 async def test_chaos_kills_and_freezes_lose_nothing(tmp_path: Path) -> None:
     seed = int(os.environ.get("GPULEDGER_CHAOS_SEED", "2"))
-    report = await run_chaos(lifecycles=150, seed=seed, disrupt_every=7, freeze=2.0, bound=5.0,
+    report = await run_chaos(lifecycles=150, seed=seed, disrupt_every=6, freeze=2.0, bound=5.0,
                              room_check=ROOM_CHECK, root=Path("/tmp"), log=lambda _s: None)
     summary = report.summary()
     assert not report.violations, f"seed {seed}: {summary}"
