@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -426,11 +427,18 @@ def _gpuledger(*args: str) -> str:
 
 
 async def run_chaos(*, lifecycles: int, seed: int, disrupt_every: float, freeze: float, bound: float,
-                    room_check: bool, root: Path | None = None, log: Any = print) -> Report:
-    with tempfile.TemporaryDirectory(prefix="chaos-", dir=None if root is None else root) as tmp:
-        chaos = Chaos(Path(tmp), lifecycles=lifecycles, seed=seed, disrupt_every=disrupt_every, freeze=freeze,
+                    room_check: bool, root: Path | None = None, keep: bool = False, log: Any = print) -> Report:
+    """``keep``: leave the run's directory (state dir, service logs) in place and name it, to read after."""
+    tmp = Path(tempfile.mkdtemp(prefix="chaos-", dir=None if root is None else root))
+    try:
+        chaos = Chaos(tmp, lifecycles=lifecycles, seed=seed, disrupt_every=disrupt_every, freeze=freeze,
                       bound=bound, room_check=room_check, log=log)
         return await chaos.run()
+    finally:
+        if keep:
+            log(f"chaos: the run's state and logs are kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -440,6 +448,7 @@ def main() -> None:
     ap.add_argument("--disrupt-every", type=float, default=8.0, help="mean lifecycles between disruptions")
     ap.add_argument("--freeze", type=float, default=3.0, help="seconds a frozen process stays stopped")
     ap.add_argument("--bound", type=float, default=5.0, help="recovery bound for a dead pod's allocation (s)")
+    ap.add_argument("--keep", action="store_true", help="keep the run's state dir and service logs")
     ap.add_argument("--no-room-check", dest="room_check", action="store_false",
                     help="report, without failing, pods refused while the kubelet had room (issue 13 item 3)")
     args = ap.parse_args()
@@ -448,7 +457,7 @@ def main() -> None:
     configure_logging("chaos", level="warning")  # the simulator and the launcher, in this process
     report = asyncio.run(run_chaos(lifecycles=args.lifecycles, seed=seed, disrupt_every=args.disrupt_every,
                                    freeze=args.freeze, bound=args.bound, room_check=args.room_check,
-                                   log=lambda s: print(s, flush=True)))
+                                   keep=args.keep, log=lambda s: print(s, flush=True)))
     print(json.dumps(report.summary(), indent=1))
     if report.violations:
         print(f"FAILED: seed {seed} (repeat with --seed {seed})", file=sys.stderr)
