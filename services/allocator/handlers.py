@@ -112,7 +112,7 @@ class Allocator:
         started = time.perf_counter()
         # The kubelet's pod-resources List tells which pods it has taken up: it admits one pod at a
         # time, so only a pod it knows and has not given devices to yet can be the one asking. Asked
-        # only when several pods could be (the kubelet rate-limits that API), at most once per request.
+        # at most once per request (the kubelet rate-limits that API), when there is a candidate.
         view = _KubeletView(self._kubelet_view)
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
@@ -130,15 +130,19 @@ class Allocator:
     async def _pick(
         self, pods: list[Pod], cores: int, view: _KubeletView, *, last_resort: bool = False,
     ) -> Candidate | None:
-        """The pod and container the request is for. With one candidate, that one; with several,
-        those the kubelet may be admitting, per its pod-resources (awaited only then); without its
-        answer, the first, as gpu-manager. ``last_resort``: the pods are fresh from the API server
-        and none the kubelet lists fits, so guess rather than fail (a later check corrects a wrong
-        guess). The answer holds until the caller's next await: grant under the lock, re-checked."""
+        """The pod and container the request is for: of the candidates, the first that the kubelet
+        may be admitting, per its pod-resources; without its answer, the first, as gpu-manager.
+        Even a single candidate is checked (issue 13): after an outage our view of the pods can be
+        stale (a pod rejected or deleted meanwhile still Pending here, while the pod really asking
+        is not in yet), and a grant recorded for such a pod is released with it, possibly before
+        any check could move it to the container the kubelet gave the devices to.
+        ``last_resort``: the pods are fresh from the API server and none the kubelet lists fits,
+        so guess rather than fail (a later check corrects a wrong guess). The answer holds until
+        the caller's next await: grant under the lock, re-checked."""
         pods = await self._drop_rejected(pods, view)
         found = candidates(pods, self.state, cores)
-        if len(found) <= 1:
-            return found[0] if found else None
+        if not found:
+            return None
         record = await view.get(self.settings.request_timeout)
         if record is None:
             return found[0]
