@@ -10,7 +10,9 @@ Supervision: each child has a task that waits for its exit. A child that exits u
 logged with the cause (exit code or signal) and restarted; the broker on the same port with the same
 store, so the services' connections come back by themselves. The restart delay doubles only while a
 child keeps dying within ``QUICK_EXIT_S`` of its start (a crash loop) and resets once a run lasted a
-healthy minute (``HEALTHY_AFTER_S``): the tenth kill in a week of healthy running waits
+healthy minute (``HEALTHY_AFTER_S``); a child that ran at least ``QUICK_EXIT_S`` comes back after
+``FIRST_DELAY_S`` whatever the streak (so a kill never waits 8 or 16 s for kills that came before
+it, which the chaos bench showed): the tenth kill in a week of healthy running waits
 ``FIRST_DELAY_S``, not 30 s.
 
 The launcher's own record is ``<state dir>/up.json`` (written on every start and exit): its pid, each
@@ -68,9 +70,12 @@ class Backoff:
     def after_exit(self, uptime: float) -> float:
         if uptime >= HEALTHY_AFTER_S:
             self.streak = 0
+        if uptime >= QUICK_EXIT_S:
+            # Not a crash loop (killed from outside, say): back at once. The streak is kept until a
+            # healthy minute, so a child that alternates short runs and quick crashes still backs off.
+            return FIRST_DELAY_S
         delay = min(FIRST_DELAY_S * 2 ** self.streak, MAX_DELAY_S)
-        if uptime < QUICK_EXIT_S:
-            self.streak += 1
+        self.streak += 1
         return delay
 
 
