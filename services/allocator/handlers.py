@@ -159,7 +159,7 @@ class Allocator:
         rejected the pod and moved on, and the next pod's request would be matched to the rejected
         pod's next container, then lost with that pod's release (the kubelet has given the devices
         to a container the ledger holds nothing for), or refused as a mismatch. The kubelet's
-        pod-resources (asked only when there is such a pod) lists only active pods it has taken up."""
+        pod-resources (the same List the match then uses) lists only active pods it has taken up."""
         held = {(a.pod_uid, a.container) for a in self.state.allocations.values()}
         started = {uid for uid, _ in held}
         partway = [p for p in pods if p.uid in started and any(
