@@ -27,7 +27,7 @@ async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: 
     logger = get_logger("up")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: its terminal was closed
         loop.add_signal_handler(sig, stop.set)
     node = DemoNode.prepare(settings, runtime) if demo else None
     if node is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -56,3 +57,14 @@ async def node_processes(nats_server: NatsServer, short_dir: Path) -> AsyncItera
     settings = settings_for(short_dir, nats_server.url, log_format="json")
     async with AsyncExitStack() as stack:
         yield await start_processes(stack, short_dir, nats_server.url, settings)
+
+
+@pytest.fixture
+async def procs() -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """Processes a test started: killed at teardown if still running."""
+    started: list[asyncio.subprocess.Process] = []
+    yield started
+    for p in started:
+        if p.returncode is None:
+            p.kill()
+            await p.wait()

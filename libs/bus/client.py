@@ -53,6 +53,9 @@ class Bus:
         self._nc = nc
         self.subjects = subjects
         self._subs: list[Subscription] = []
+        # Called (plain functions, no awaiting) each time the connection is re-established, e.g. by
+        # the watchdog to reconcile at once what it missed while the broker was away.
+        self.on_reconnect: list[Callable[[], None]] = []
 
     @classmethod
     async def connect(cls, url: str, *, name: str, node: str, wait: float | None = None) -> Bus:
@@ -66,6 +69,7 @@ class Bus:
 
         nc = NatsClient()
         first_connect = True
+        reconnect_hooks: list[Callable[[], None]] = []
 
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc) or type(exc).__name__)
@@ -80,6 +84,8 @@ class Bus:
 
         async def on_reconnect() -> None:
             _logger.info("nats reconnected", url=url)
+            for hook in reconnect_hooks:
+                hook()
 
         # nats-py retries the first connect itself (max_reconnect_attempts=-1), every reconnect_time_wait.
         connecting = nc.connect(
@@ -107,7 +113,9 @@ class Bus:
             raise
         first_connect = False
         nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S  # later reconnects keep the short wait
-        return cls(nc, Subjects(node))
+        bus = cls(nc, Subjects(node))
+        bus.on_reconnect = reconnect_hooks
+        return bus
 
     def for_node(self, node: str) -> Bus:
         """This connection, addressing ``node``'s subjects (a CLI may learn the node from the server).

@@ -2,6 +2,11 @@
 
 Used by ``gpuledger up`` when no ``--nats-url`` is given, and by the tests. JetStream is on, with its
 store in a directory we own. Readiness comes from the server's own log lines, not from sleeping.
+
+The server runs in a session of its own (a terminal's Ctrl-C must not stop the broker before the
+services that use it: they would log "unexpected EOF" for a shutdown that was asked for) and dies
+with its parent (see libs/lifeline.py). ``start()`` again after it exited reuses the same port and
+store, which is how ``gpuledger up`` restarts a killed broker; ``wait()`` returns when it exits.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import sys
 from pathlib import Path
 
 from libs.errors import BusError
+from libs.lifeline import die_with_parent
 from libs.logger import get_logger
 
 __all__ = ["NatsServer", "find_nats_server"]
@@ -60,7 +66,9 @@ class NatsServer:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # a terminal's Ctrl-C reaches our owner, which stops the broker last
+            # Own session: a terminal's Ctrl-C reaches our owner, which stops the broker last; and the
+            # broker dies with its owner, whatever kills it.
+            start_new_session=True, preexec_fn=die_with_parent(),
         )
         try:
             await asyncio.wait_for(self._wait_ready(), timeout)
@@ -105,6 +113,16 @@ class NatsServer:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; its exit status once it exited (-1 when it was never started)."""
+        return self._proc.returncode if self._proc else -1
+
+    async def wait(self) -> int:
+        """Until the server exits: its exit status (negative: the signal), -1 when none runs."""
+        proc = self._proc
+        return await proc.wait() if proc is not None else -1
 
     async def kill(self) -> None:
         """SIGKILL, as a crash would; ``start()`` again reuses the store (and ``port`` if fixed)."""

@@ -143,7 +143,7 @@ class Allocator:
         started = time.perf_counter()
         # The kubelet's pod-resources List tells which pods it has taken up: it admits one pod at a
         # time, so only a pod it knows and has not given devices to yet can be the one asking. Asked
-        # only when several pods could be (the kubelet rate-limits that API), at most once per request.
+        # at most once per request (the kubelet rate-limits that API), when there is a candidate.
         view = _KubeletView(self._kubelet_view)
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
@@ -161,14 +161,19 @@ class Allocator:
     async def _pick(
         self, pods: list[Pod], cores: int, view: _KubeletView, *, last_resort: bool = False,
     ) -> Candidate | None:
-        """The pod and container the request is for. With one candidate, that one; with several,
-        those the kubelet may be admitting, per its pod-resources (awaited only then); without its
-        answer, the first, as gpu-manager. ``last_resort``: the pods are fresh from the API server
-        and none the kubelet lists fits, so guess rather than fail (a later check corrects a wrong
-        guess). The answer holds until the caller's next await: grant under the lock, re-checked."""
+        """The pod and container the request is for: of the candidates, the first that the kubelet
+        may be admitting, per its pod-resources; without its answer, the first, as gpu-manager.
+        Even a single candidate is checked (issue 13): after an outage our view of the pods can be
+        stale (a pod rejected or deleted meanwhile still Pending here, while the pod really asking
+        is not in yet), and a grant recorded for such a pod is released with it, possibly before
+        any check could move it to the container the kubelet gave the devices to.
+        ``last_resort``: the pods are fresh from the API server and none the kubelet lists fits,
+        so guess rather than fail (a later check corrects a wrong guess). The answer holds until
+        the caller's next await: grant under the lock, re-checked."""
+        pods = await self._drop_rejected(pods, view)
         found = candidates(pods, self.state, cores)
-        if len(found) <= 1:
-            return found[0] if found else None
+        if not found:
+            return None
         record = await view.get(self.settings.request_timeout)
         if record is None:
             return found[0]
@@ -176,6 +181,30 @@ class Allocator:
         if narrowed:
             return narrowed[0]
         return found[0] if last_resort else None
+
+    async def _drop_rejected(self, pods: list[Pod], view: _KubeletView) -> list[Pod]:
+        """``pods`` less those part-way through admission (some GPU containers granted, not all)
+        that the kubelet is no longer admitting. Matching puts such a pod first, as the kubelet's
+        current one; but our view of it may be stale (the watchdog, the broker or this process was
+        away; its rejection not through yet): when a later container's Allocate failed the kubelet
+        rejected the pod and moved on, and the next pod's request would be matched to the rejected
+        pod's next container, then lost with that pod's release (the kubelet has given the devices
+        to a container the ledger holds nothing for), or refused as a mismatch. The kubelet's
+        pod-resources (the same List the match then uses) lists only active pods it has taken up."""
+        held = {(a.pod_uid, a.container) for a in self.state.allocations.values()}
+        started = {uid for uid, _ in held}
+        partway = [p for p in pods if p.uid in started and any(
+            c.vcore > 0 and (p.uid, c.name) not in held for c in (*p.spec.init_containers, *p.spec.containers))]
+        if not partway:
+            return pods
+        record = await view.get(self.settings.request_timeout)
+        if record is None:
+            return pods  # without the kubelet's answer, trust the view (as before)
+        gone = {p.uid for p in partway if not record.admitting(p)}
+        if gone:
+            _logger.info("pods part-way through admission no longer admitted by the kubelet: not matched",
+                      pods=sorted(p.key for p in partway if p.uid in gone))
+        return [p for p in pods if p.uid not in gone]
 
     def _still_free(self, cand: Candidate) -> bool:
         return not any(a.pod_uid == cand.pod.uid and a.container == cand.container.name
@@ -440,6 +469,16 @@ class Allocator:
 
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
+        if self.state.pod_allocations(req.pod_uid):
+            # A grant recorded under this pod may be one the kubelet gave to another container (an
+            # Allocate-time guess not corrected yet, e.g. matched to a pod rejected meanwhile):
+            # released with this pod, that container would run on devices the ledger holds for
+            # nobody. Move such grants to their real holders first (an ordinary correction).
+            try:
+                await self.verify_identity(reason="release")
+            except (ServiceError, BusError) as exc:
+                _logger.warning("could not check the kubelet's record before a release", pod_uid=req.pod_uid,
+                                error=str(getattr(exc, "message", exc)))
         held: list[Allocation] = []
 
         def decide(state: LedgerState) -> list[Event]:

@@ -45,6 +45,7 @@ async def service(settings: Settings, *, reconcile_period: float | None = None) 
             labeler=NodeLabeler(client, settings.node_name, settings.node_label_map),
             kubelet=KubeletPods(settings.pod_resources_socket, settings.request_timeout),
         )
+        bus.on_reconnect.append(recycler.kick)  # reconcile as soon as the broker is back
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))
         await stack.enter_async_context(observe(settings, source))  # /metrics
         supervisor = Supervisor("watchdog")

@@ -13,11 +13,17 @@ committed ``alloc.released`` event), deletes owned pods that failed admission, p
 whose annotations disagree with the ledger, and keeps the node labels current. A stale cache must
 never free a running pod's GPU, so a release needs the fresh list, and the kubelet's agreement when
 its socket answers.
+
+A pass also runs as soon as something may have been missed, not at the next period: when the NATS
+connection comes back (the broker was away), and, after a release or a pass that failed (the
+allocator, the broker or the API server away), every ``RETRY_S`` until a pass succeeds, i.e. as soon
+as they answer again. So pods deleted during an outage are released within seconds of recovery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -48,6 +54,7 @@ __all__ = ["Recycler", "Repairs"]
 
 FIRST_PASS_RETRY_S = 0.25   # the first reconciliation's pause between tries, doubling...
 FIRST_PASS_MAX_RETRY_S = 4.0  # ...up to this (never longer than the period)
+RETRY_S = 1.0  # between later passes while one fails or a release could not be made
 
 _logger = get_logger("watchdog")
 _VERBS = {"ADDED": "added", "MODIFIED": "updated", "DELETED": "deleted"}
@@ -91,6 +98,12 @@ class Recycler:
         self.kubelet = kubelet
         self.passes = 0  # finished reconciliation passes, for tests
         self._released: set[str] = set()  # pods already released, so MODIFIED events do not repeat it
+        self._kick = asyncio.Event()  # a pass is due now (see kick())
+        self._retry = False           # a release failed since the last pass: retry passes until one works
+
+    def kick(self) -> None:
+        """Run a reconciliation pass now (e.g. the NATS connection is back), not at the next period."""
+        self._kick.set()
 
     async def on_change(self, kind: str, old: Pod | None, new: Pod | None) -> None:
         pod = new or old
@@ -127,6 +140,8 @@ class Recycler:
             )
         except BusError as exc:  # the allocator is away: reconciliation will repair it
             _logger.warning("release request failed", pod_uid=pod_uid, error=str(exc))
+            self._retry = True
+            self._kick.set()
             return False
         if reply.released:
             _logger.info("released", pod_uid=pod_uid, reason=reason, alloc_ids=reply.released)
@@ -180,11 +195,16 @@ class Recycler:
     async def reconcile_forever(self, period: float) -> None:
         """Reconcile every ``period`` seconds. Until the first pass succeeds (the allocator or the API
         server still starting, as on every ``gpuledger up``), retry after a short, growing pause
-        instead: the node labels and the repairs should not wait a whole period."""
+        instead: the node labels and the repairs should not wait a whole period. Later, a failed pass
+        or release is tried again after RETRY_S, and `kick` (the broker is back) runs a pass at once."""
         retry = FIRST_PASS_RETRY_S
         while True:
+            self._kick.clear()
+            self._retry = False
+            ok = False
             try:
                 repairs = await self.reconcile()
+                ok = True
                 if repairs:
                     _logger.info("reconciliation repaired state", released=repairs.released, deleted=repairs.deleted,
                               patched=repairs.patched, labels_updated=repairs.labels_updated)
@@ -199,7 +219,11 @@ class Recycler:
                     continue
                 skipped = isinstance(exc, (BusError, TimeoutError, OSError))
                 _logger.warning("reconciliation skipped" if skipped else "reconciliation failed", error=error)
-            await asyncio.sleep(period)
+            wait = period if ok and not self._retry else min(RETRY_S, period)
+            if self._retry:
+                self._kick.clear()  # a failed release asks for a retry, paced by RETRY_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), wait)
 
 
 def _kubelet_still_runs(kubelet: KubeletView, allocs: list[Allocation]) -> bool:

@@ -133,3 +133,43 @@ async def test_the_periodic_check_corrects_what_prestart_could_not_see(node: Nod
     assert {r.data["reason"] for r in node.tap.of("alloc.corrected")} == {"reconcile"}
     assert {a.pod_name: sorted(a.device_ids) for a in snap.allocations} == {
         "pod-a": kubelet_ids("pod-a"), "pod-b": kubelet_ids("pod-b")}
+
+
+async def test_a_release_never_takes_a_grant_the_kubelet_gave_another_pod(node: Node) -> None:
+    # Issue 13 (the chaos test, seed 2): a grant guessed for the wrong pod, then that pod deleted
+    # before any check corrected the guess. Releasing everything recorded under the deleted pod
+    # would take the devices the kubelet gave the pod that stays, which then runs on devices the
+    # ledger holds for nobody (its next PreStartContainer fails). The release corrects first.
+    assert node.sim.pod_resources is not None
+    await node.sim.pod_resources.stop()
+    uid, want = await opposite_order(node)
+
+    def kubelet_ids(name: str) -> list[str]:
+        return sorted(node.sim.allocated_device_ids(uid[name], "main", RESOURCE_VCORE))
+
+    a_ids = kubelet_ids("pod-a")
+    snap = await node.snapshot()  # the guess stood: pod-b's record holds pod-a's devices
+    assert {a.pod_name: sorted(a.device_ids) for a in snap.allocations}["pod-b"] == a_ids
+
+    await node.sim.pod_resources.start()
+    await node.sim.delete_pod("default", "pod-b")
+    corrected = await node.tap.wait("alloc.corrected", 1, timeout=15)
+    assert corrected[0].data["reason"] == "release"
+    async with asyncio.timeout(15):
+        snap = await node.snapshot()
+        while uid["pod-b"] in {a.pod_uid for a in snap.allocations}:
+            await asyncio.sleep(0.1)
+            snap = await node.snapshot()
+    holding_a = [a for a in snap.allocations if sorted(a.device_ids) == a_ids]
+    assert [(a.pod_uid, a.container, a.memory) for a in holding_a] == [(uid["pod-a"], "main", want["pod-a"])]
+    # pod-a's container still passes its PreStartContainer check on the devices it was given.
+    await prestart(node, a_ids)
+    # The other half of the swap (pod-b's devices, recorded under pod-a) is held by nobody now; the
+    # kubelet no longer lists pod-b, so nothing says whose it was: it stays charged to pod-a until
+    # pod-a goes (over-reserved for a while, never lost), and then everything is free.
+    await node.sim.delete_pod("default", "pod-a")
+    async with asyncio.timeout(15):
+        snap = await node.snapshot()
+        while snap.allocations:
+            await asyncio.sleep(0.1)
+            snap = await node.snapshot()

@@ -22,14 +22,12 @@ from typing import Any
 import pytest
 
 from libs.bus.server import NatsServer
-from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
-from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
 from simulator.runtime.fakegpus import FakeGpus, make_fake_gpus
 from simulator.runtime.images import build_images
 from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper, survivors
-from tests.runtime.helpers import NODE, RtNode, mounts_under, processes_mentioning
+from tests.runtime.helpers import RtNode, start_rt_node, start_services_in_process
 
 REQUIRE = "GPULEDGER_REQUIRE_RUNTIME"
 HERE = Path(__file__).parent
@@ -83,67 +81,12 @@ def fake_gpus(runtime_images: Path, short_dir: Path) -> Iterator[FakeGpus]:
         assert survivors(lo) == []
 
 
-def rt_settings(root: Path, nats_url: str, gpus: FakeGpus, **overrides: Any) -> Settings:
-    return Settings(
-        node_name=NODE, state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
-        pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
-        nats_url=nats_url, gpus=f"fake:{gpus.profile}", allocate_timeout=5.0, request_timeout=3.0,
-        cgroup_root="/sys/fs/cgroup", proc_root="/proc",  # the real ones: containers are real
-        **{"driver_volumes": False, **overrides},
-    )
-
-
-async def start_rt_sim(root: Path, images: Path) -> NodeSimulator:
-    sim = NodeSimulator(SimConfig(
-        node_name=NODE, device_plugin_dir=root / "dp", pod_resources_socket=root / "pr" / "kubelet.sock",
-        kubeconfig_path=root / "kubeconfig", seed=7, runtime="containerd", runtime_dir=root / "rt",
-        runtime_images=images, container_retry_backoff=0.5))
-    await sim.start()
-    return sim
-
-
-def assert_nothing_left(root: Path, handle: Any) -> None:
-    """After the simulator stopped: nothing of the runtime survives outside ``root``."""
-    assert handle.leftovers_found == [], handle.leftovers_found
-    assert processes_mentioning(str(root / "rt")) == []
-    assert mounts_under(str(root)) == []
-
-
-async def _rt_node(stack: AsyncExitStack, root: Path, url: str, images: Path, gpus: FakeGpus,
-                   **overrides: Any) -> RtNode:
-    sim = await start_rt_sim(root, images)
-    handle = sim.runtime
-
-    async def stop() -> None:
-        await sim.stop()
-        assert_nothing_left(root, handle)
-
-    stack.push_async_callback(stop)
-    return RtNode(sim=sim, settings=rt_settings(root, url, gpus, **overrides), gpus=gpus)
-
-
-async def start_services_in_process(stack: AsyncExitStack, node: RtNode) -> None:
-    from services.allocator import app as allocator_app
-    from services.registrar import app as registrar_app
-    from services.vmanager import app as vmanager_app
-    from services.watchdog import app as watchdog_app
-
-    s = node.settings
-    node.services = {
-        "allocator": await stack.enter_async_context(allocator_app.service(s)),
-        "watchdog": await stack.enter_async_context(watchdog_app.service(s, reconcile_period=1.0)),
-        "vmanager": await stack.enter_async_context(vmanager_app.service(s)),
-        "registrar": await stack.enter_async_context(registrar_app.service(s)),
-    }
-    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
-
-
 @pytest.fixture
 async def rt_node(nats_server: NatsServer, short_dir: Path, runtime_images: Path,
                   fake_gpus: FakeGpus) -> AsyncIterator[RtNode]:
     """Simulator on a real containerd + the four services in this process."""
     async with AsyncExitStack() as stack:
-        node = await _rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus)
+        node = await start_rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus)
         await start_services_in_process(stack, node)
         yield node
 
@@ -155,7 +98,7 @@ async def rt_node_processes(nats_server: NatsServer, short_dir: Path, runtime_im
     from gpuledger.launcher import Launcher
 
     async with AsyncExitStack() as stack:
-        node = await _rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus, log_format="json")
+        node = await start_rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus, log_format="json")
         node.launcher = Launcher(node.settings, embedded_nats=False, log_dir=short_dir / "logs")
         stack.push_async_callback(node.launcher.stop)
         await node.launcher.start_services()

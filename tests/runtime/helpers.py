@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from libs.config import Settings
+from libs.kube.pods import RESOURCE_VCORE
 from libs.vcuda import config as vcuda_config
-from simulator import NodeSimulator
+from simulator import NodeSimulator, SimConfig
 from simulator.runtime.cri import cri
 from simulator.runtime.fakegpus import FakeGpus
 from simulator.runtime.leftovers import cgroup_mounts
@@ -137,3 +139,58 @@ def processes_mentioning(text: str) -> list[str]:
 def mounts_under(prefix: str) -> list[str]:
     return [line.split(" ")[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
             if line.split(" ")[4].startswith(prefix)]
+
+
+def rt_settings(root: Path, nats_url: str, gpus: FakeGpus, **overrides: Any) -> Settings:
+    return Settings(
+        node_name=NODE, state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
+        pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
+        nats_url=nats_url, gpus=f"fake:{gpus.profile}", allocate_timeout=5.0, request_timeout=3.0,
+        cgroup_root="/sys/fs/cgroup", proc_root="/proc",  # the real ones: containers are real
+        **{"driver_volumes": False, **overrides},
+    )
+
+
+async def start_rt_sim(root: Path, images: Path) -> NodeSimulator:
+    sim = NodeSimulator(SimConfig(
+        node_name=NODE, device_plugin_dir=root / "dp", pod_resources_socket=root / "pr" / "kubelet.sock",
+        kubeconfig_path=root / "kubeconfig", seed=7, runtime="containerd", runtime_dir=root / "rt",
+        runtime_images=images, container_retry_backoff=0.5))
+    await sim.start()
+    return sim
+
+
+def assert_nothing_left(root: Path, handle: Any) -> None:
+    """After the simulator stopped: nothing of the runtime survives outside ``root``."""
+    assert handle.leftovers_found == [], handle.leftovers_found
+    assert processes_mentioning(str(root / "rt")) == []
+    assert mounts_under(str(root)) == []
+
+
+async def start_rt_node(stack: AsyncExitStack, root: Path, url: str, images: Path, gpus: FakeGpus,
+                   **overrides: Any) -> RtNode:
+    sim = await start_rt_sim(root, images)
+    handle = sim.runtime
+
+    async def stop() -> None:
+        await sim.stop()
+        assert_nothing_left(root, handle)
+
+    stack.push_async_callback(stop)
+    return RtNode(sim=sim, settings=rt_settings(root, url, gpus, **overrides), gpus=gpus)
+
+
+async def start_services_in_process(stack: AsyncExitStack, node: RtNode) -> None:
+    from services.allocator import app as allocator_app
+    from services.registrar import app as registrar_app
+    from services.vmanager import app as vmanager_app
+    from services.watchdog import app as watchdog_app
+
+    s = node.settings
+    node.services = {
+        "allocator": await stack.enter_async_context(allocator_app.service(s)),
+        "watchdog": await stack.enter_async_context(watchdog_app.service(s, reconcile_period=1.0)),
+        "vmanager": await stack.enter_async_context(vmanager_app.service(s)),
+        "registrar": await stack.enter_async_context(registrar_app.service(s)),
+    }
+    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from simulator.runtime.fakegpus import make_fake_gpus
 from simulator.runtime.leftovers import Leftovers, start_reaper
-from tests.runtime.conftest import start_rt_sim
+from tests.runtime.helpers import start_rt_sim
 
 
 async def main(root: Path, images: Path) -> None:

@@ -14,8 +14,7 @@ import pytest
 
 from libs.bus.server import NatsServer
 from simulator.runtime.fakegpus import FakeGpus
-from tests.runtime.conftest import _rt_node, start_services_in_process
-from tests.runtime.helpers import RtNode, gpu_container, pod
+from tests.runtime.helpers import RtNode, gpu_container, pod, start_rt_node, start_services_in_process
 
 STUB = "int cuDriverGetVersion(int *v) { *v = 12020; return 0; }\n"
 
@@ -40,7 +39,7 @@ async def rt_node_driver(nats_server: NatsServer, short_dir: Path, runtime_image
     cache = _stand_in_driver(short_dir)
     (short_dir / "nobin").mkdir()
     async with AsyncExitStack() as stack:
-        node = await _rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus,
+        node = await start_rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus,
                               driver_volumes=True, ld_cache=str(cache), driver_bin_dirs=str(short_dir / "nobin"))
         await start_services_in_process(stack, node)
         yield node
