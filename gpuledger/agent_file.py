@@ -18,8 +18,9 @@ from pathlib import Path
 
 import msgspec
 
+from gpuledger.agent import SERVICES
 from libs.config import Settings, default_state_dir
-from libs.metrics import PORT_OFFSETS, metrics_port
+from libs.metrics import metrics_port
 
 __all__ = ["AGENT_FILE", "DEFAULT_NATS_URL", "AgentInfo", "Target", "find_agent", "locate", "read_agent",
            "remove_agent_file", "write_agent_file"]
@@ -40,7 +41,7 @@ class AgentInfo(msgspec.Struct, kw_only=True):
 def write_agent_file(settings: Settings, pid: int | None = None) -> Path:
     """Write (atomically) what a command needs to reach the agent ``settings`` describes."""
     host = settings.metrics_host if settings.metrics_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    metrics = {s: f"http://{host}:{metrics_port(settings, s)}" for s in PORT_OFFSETS} if settings.metrics_port else {}
+    metrics = {s: f"http://{host}:{metrics_port(settings, s)}" for s in SERVICES} if settings.metrics_port else {}
     info = AgentInfo(nats_url=settings.nats_url, node=settings.node_name, pid=pid or os.getpid(),
                      state_dir=settings.state_dir, device_plugin_dir=settings.device_plugin_dir, metrics=metrics)
     path = Path(settings.state_dir) / AGENT_FILE

@@ -176,7 +176,7 @@ class Launcher:
         return Child(name, [sys.executable, "-m", "gpuledger", *args], settings_env(self.settings), log_path)
 
     async def start_nats(self) -> str:
-        self._claim()
+        self.claim()
         if self.embedded_nats:
             self.nats = NatsServer(Path(self.settings.state_dir) / "nats", config=_leaf_config(self.settings))
             self.broker = Broker(self.nats)
@@ -188,7 +188,7 @@ class Launcher:
         return self.settings.nats_url
 
     async def start_child(self, name: str, args: list[str]) -> Child:
-        self._claim()
+        self.claim()
         child = self._child(name, args)
         await child.start()
         self.children.append(child)
@@ -231,7 +231,8 @@ class Launcher:
 
     # --- the state dir's record: status, restarts, and the children of a killed launcher ---
 
-    def _claim(self) -> None:
+    def claim(self) -> None:
+        """Take the state dir: clear what a dead `up` left there; LauncherError while another one runs."""
         if self._claimed:
             return
         Path(self.settings.state_dir).mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import click
 from gpuledger.agent_file import remove_agent_file, write_agent_file
 from gpuledger.demo import DemoNode
 from gpuledger.demo_runtime import DemoRuntime
-from gpuledger.launcher import Launcher
+from gpuledger.launcher import Launcher, LauncherError
 from gpuledger.metrics_ports import check_metrics_ports
 from libs.config import Settings
 from libs.errors import ConfigError
@@ -32,16 +32,17 @@ async def run_up(settings: Settings, *, embedded: bool, demo: bool, exit_after: 
     node = DemoNode.prepare(settings, runtime) if demo else None
     if node is not None:
         settings = node.settings
+    launcher = Launcher(settings, embedded_nats=embedded, log_dir=node.log_dir if node is not None else None)
     try:
+        launcher.claim()  # another `up` on this state dir is the first thing to refuse for
         moved = check_metrics_ports(settings, move=node is not None)
-    except ConfigError as exc:
+    except (LauncherError, ConfigError) as exc:
         click.secho(f"gpuledger up: {exc}", fg="red", err=True)
         return 1
     if moved.metrics_port != settings.metrics_port:
         click.secho(f"metrics ports {settings.metrics_port}-{settings.metrics_port + 3} are taken; the demo serves "
                     f"them on {moved.metrics_port}-{moved.metrics_port + 3}", err=True)
-        settings = moved
-    launcher = Launcher(settings, embedded_nats=embedded, log_dir=node.log_dir if node is not None else None)
+        launcher.settings = settings = moved
     code = 0
     try:
         await launcher.start_nats()
