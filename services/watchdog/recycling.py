@@ -88,6 +88,7 @@ class Recycler:
         self.kubelet = kubelet
         self.passes = 0  # finished reconciliation passes, for tests
         self._released: set[str] = set()  # pods already released, so MODIFIED events do not repeat it
+        self._releasing: set[asyncio.Task[bool]] = set()  # deleted pods' releases still in flight
 
     async def on_change(self, kind: str, old: Pod | None, new: Pod | None) -> None:
         pod = new or old
@@ -96,7 +97,11 @@ class Recycler:
         if not pod.wants_gpu:
             return
         if kind == "DELETED":
-            await self.release(pod.uid, "deleted")
+            # Not awaited: the release costs the allocator a durable append, and the next event (often
+            # the ADDED of the pod the kubelet is about to admit) must not wait behind it.
+            task = asyncio.create_task(self.release(pod.uid, "deleted"))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
             self._released.discard(pod.uid)
             if self.admission is not None:
                 self.admission.forget(pod.uid)
