@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import itertools
 from collections import deque
+from typing import TYPE_CHECKING
 
 import msgspec
 import nats.errors
@@ -32,7 +33,9 @@ from nats.js.errors import APIError, NotFoundError
 from libs.bus.client import Bus
 from libs.events.codec import StoredEvent, to_record
 from libs.logger import get_logger
-from libs.store.log import EventLog
+
+if TYPE_CHECKING:  # only the allocator, which holds the log, runs a relay: the others need no SQL
+    from libs.store.log import EventLog
 
 __all__ = ["EVENT_ID_HEADER", "REBUILT_METADATA", "Relay", "StreamRebuilt", "ensure_stream", "rebuilt_subject"]
 
