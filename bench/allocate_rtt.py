@@ -152,7 +152,7 @@ def free_base_port() -> int:
 async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_level: str) -> dict[str, object]:
     driver = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.kubelet_driver", str(workdir), NODE,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 24)  # a phase's times are one long line
     assert driver.stdin and driver.stdout
     nats = NatsServer(workdir / "nats")
     base = free_base_port()
