@@ -21,6 +21,7 @@ protos: $(BIN)/gpuledger
 
 bench: $(BIN)/gpuledger
 	$(BIN)/python -m bench.allocate_rtt
+	$(BIN)/python -m bench.footprint
 	$(BIN)/python -m bench.placement_quality
 	rm -f /tmp/gpuledger-bench-1m.sqlite
 	$(BIN)/python -m bench.make_log /tmp/gpuledger-bench-1m.sqlite --events 1000000

@@ -1,43 +1,48 @@
-"""Allocate round trip, next to a bare gRPC echo measured in the same run.
+"""Allocate as the kubelet sees it: gpuledger next to a bare device plugin, in one run, idle and loaded.
 
-Path measured: the simulated kubelet's Allocate RPC for tencent.com/vcuda-core, timed by the simulator
-from call to reply: kubelet -> registrar (gRPC, unix socket) -> allocator (NATS request) -> watchdog
-(pending pods, NATS) -> placement -> event log append (fsync, synchronous=FULL) -> reply back.
-The four services run as separate processes, as in production; the simulator runs in this process.
+Three kinds of processes, none sharing an interpreter with another:
+- the kubelet (bench/kubelet_driver.py): the node simulator's API server and kubelet device manager,
+  its own gRPC client timing each Allocate from call to reply, pods admitted one at a time;
+- gpuledger: the embedded-style NATS server and the four services as separate processes, as
+  ``gpuledger up`` runs them (log on disk, ``synchronous=FULL``);
+- the floor: the repo's bare echo device plugin (bench/echo_plugin.py), which answers Allocate at once
+  with a response of the same shape, registered with the same kubelet.
 
-Floors, measured in the same run: (1) a bare device plugin (bench/echo_plugin.py, a child process)
-that answers Allocate at once with a fixed response; its pods are interleaved with ours and go
-through the same simulated kubelet, so the ratio to it is what gpuledger costs; (2) a grpc.aio unary
-echo (16 bytes) over a unix socket to a child process, the cheapest possible exchange.
+Each phase runs the same request sequence against both: pods alternate (ours, echo, ours, ...), so
+whatever the machine does meanwhile falls on both. Phases: ``idle`` (nothing added), ``loaded``
+(one busy-looping process per CPU core, started by this benchmark). After each phase the registrar's
+and the allocator's ``/metrics`` are scraped and the per-hop histograms (registrar total, bus round
+trip, allocator decide, append+fsync, reply) are printed as the phase's difference.
 
-    python -m bench.allocate_rtt [--pods 200] [--echo 2000] [--json out.json]
+    python -m bench.allocate_rtt [--pods 2000] [--warmup 50] [--load both|idle|loaded] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
-import statistics
+import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import grpc
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
-from bench.echo_plugin import RESOURCE as ECHO_RESOURCE
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
-from libs.kube.pods import RESOURCE_VCORE
 from libs.logger import configure_logging
-from simulator import NodeSimulator, SimConfig
+from libs.metrics import PORT_OFFSETS
 
-ECHO_METHOD = "/bench.Echo/Echo"
+NODE = "bench-node"
+HOP_METRIC = "gpuledger_allocate_hop_duration_seconds"
+HOPS = ("registrar_total", "bus_round_trip", "decide", "append_fsync", "reply")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -48,160 +53,205 @@ def percentile(values: list[float], q: float) -> float:
 def summary(name: str, seconds: list[float]) -> dict[str, float | str | int]:
     ms = [s * 1000 for s in seconds]
     return {"name": name, "n": len(ms), "p50_ms": round(percentile(ms, 0.50), 3),
-            "p99_ms": round(percentile(ms, 0.99), 3), "mean_ms": round(statistics.fmean(ms), 3)}
+            "p99_ms": round(percentile(ms, 0.99), 3), "p999_ms": round(percentile(ms, 0.999), 3),
+            "mean_ms": round(sum(ms) / len(ms), 3)}
 
 
-# --- the floor: a bare gRPC echo in a child process -----------------------------------------------
+# --- the per-hop histograms ---------------------------------------------------------------------
 
-def _echo_server(path: str) -> None:
-    async def main() -> None:
-        server = grpc.aio.server()
-        handler = grpc.unary_unary_rpc_method_handler(_echo)
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", {"Echo": handler}),))
-        server.add_insecure_port(f"unix://{path}")
-        await server.start()
-        print("ready", flush=True)
-        await server.wait_for_termination()
-
-    asyncio.run(main())
+Buckets = dict[str, dict[float, float]]  # hop -> upper bound -> cumulative count (sum under "sum")
 
 
-async def _echo(req: bytes, _context: grpc.aio.ServicerContext) -> bytes:
-    return req
-
-
-async def grpc_echo(n: int, workdir: Path) -> list[float]:
-    sock = str(workdir / "echo.sock")
-    code = f"from bench.allocate_rtt import _echo_server; _echo_server({sock!r})"
-    child = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=subprocess.PIPE)
-    try:
-        assert child.stdout and (await child.stdout.readline()).strip() == b"ready"
-        async with grpc.aio.insecure_channel(f"unix://{sock}") as ch:
-            call = ch.unary_unary(ECHO_METHOD)
-            for _ in range(200):
-                await call(b"x" * 16)
-            out = []
-            for _ in range(n):
-                t = time.perf_counter()
-                await call(b"x" * 16, timeout=5)
-                out.append(time.perf_counter() - t)
-            return out
-    finally:
-        child.terminate()
-        await asyncio.wait_for(child.wait(), 5)
-
-
-# --- the real path ----------------------------------------------------------------------------
-
-def pod(i: int) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"bench-{i}", "namespace": "bench"},
-            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {
-                "tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"}}}]}}
-
-
-def echo_pod(i: int) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"echo-{i}", "namespace": "bench"},
-            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {ECHO_RESOURCE: "1"}}}]}}
-
-
-async def run_pod(sim: NodeSimulator, manifest: dict) -> None:
-    created = await sim.create_pod(manifest)
-    name = created["metadata"]["name"]
-    done = await sim.wait_for_pod("bench", name, lambda p: p["status"].get("phase") in ("Running", "Failed"), 30)
-    if done["status"]["phase"] != "Running":
-        raise RuntimeError(f"{name} failed: {done['status'].get('message')}")
-    await sim.delete_pod("bench", name)
-
-
-def allocator_profile(log: Path, warmup: int) -> dict[str, object]:
-    """p50/p99 of the allocator's own step timings, from its "granted" log lines."""
-    rows = []
-    for line in log.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("event") == "granted" and "lookup_ms" in rec:
-            rows.append(rec)
-    rows = rows[warmup:]
-    out: dict[str, object] = {"n": len(rows)}
-    for key in ("lookup_ms", "append_ms", "total_ms"):
-        values = [float(r[key]) for r in rows if key in r]
-        if values:
-            out[key] = {"p50": round(percentile(values, 0.5), 3), "p99": round(percentile(values, 0.99), 3)}
-    out["lookups"] = {k: sum(1 for r in rows if r["lookups"] == k) for k in sorted({r["lookups"] for r in rows})}
+async def scrape_hops(ports: list[int]) -> Buckets:
+    out: Buckets = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        for port in ports:
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                text = await resp.text()
+            for fam in text_string_to_metric_families(text):
+                if fam.name != HOP_METRIC:
+                    continue
+                for s in fam.samples:
+                    hop = out.setdefault(s.labels["hop"], {})
+                    if s.name.endswith("_bucket"):
+                        hop[float(s.labels["le"])] = s.value
+                    elif s.name.endswith("_sum"):
+                        hop[-1.0] = s.value  # the sum, kept under a bound no bucket has
     return out
 
 
-async def allocate_path(
-    n: int, warmup: int, workdir: Path, *, profile: bool = False
-) -> tuple[list[float], list[float]]:
-    """Allocate times of gpuledger's vcore plugin and of the bare echo plugin, interleaved pod by pod."""
+async def wait_for_metrics(ports: list[int], timeout: float) -> None:
+    """Until every service's /metrics answers (they serve it once started)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    while True:
+        try:
+            await scrape_hops(ports)
+            return
+        except aiohttp.ClientError:
+            if loop.time() > until:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def hop_rows(before: Buckets, after: Buckets) -> list[dict[str, object]]:
+    """Per hop, the phase's count, mean and bucket-bound p50/p99 (the difference of two scrapes)."""
+    rows = []
+    for hop in HOPS:
+        a, b = after.get(hop, {}), before.get(hop, {})
+        diff = {le: a[le] - b.get(le, 0.0) for le in a}
+        total = diff.get(float("inf"), 0.0)
+        if total <= 0:
+            continue
+
+        def quantile(q: float, diff: dict[float, float] = diff, total: float = total) -> float:
+            for le in sorted(k for k in diff if k >= 0):
+                if diff[le] >= q * total:
+                    return le
+            return float("inf")
+
+        rows.append({"hop": hop, "n": int(total), "mean_ms": round(diff.get(-1.0, 0.0) / total * 1000, 3),
+                     "p50_le_ms": round(quantile(0.5) * 1000, 3), "p99_le_ms": round(quantile(0.99) * 1000, 3)})
+    return rows
+
+
+# --- load ---------------------------------------------------------------------------------------
+
+def start_burners() -> list[subprocess.Popen[bytes]]:
+    """One busy-looping process per CPU core (the load of the ``loaded`` phase)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+
+
+def stop_burners(burners: list[subprocess.Popen[bytes]]) -> None:
+    for b in burners:
+        b.terminate()
+    for b in burners:
+        b.wait(5)
+
+
+def free_base_port() -> int:
+    """A base port with the three after it free too (the services' metrics ports)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base > 65500:
+            continue
+        try:
+            for off in range(1, 4):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + off))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no four consecutive free ports")
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_level: str) -> dict[str, object]:
+    driver = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.kubelet_driver", str(workdir), NODE,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 24)  # a phase's times are one long line
+    assert driver.stdin and driver.stdout
     nats = NatsServer(workdir / "nats")
-    await nats.start()
-    sim = NodeSimulator(SimConfig(node_name="bench-node", device_plugin_dir=workdir / "dp",
-                                  pod_resources_socket=workdir / "pr" / "kubelet.sock",
-                                  kubeconfig_path=workdir / "kubeconfig", seed=1))
-    await sim.start()
-    settings = Settings(node_name="bench-node", state_dir=str(workdir / "state"), device_plugin_dir=str(workdir / "dp"),
-                        pod_resources_socket=str(workdir / "pr" / "kubelet.sock"),
-                        kubeconfig=str(workdir / "kubeconfig"), nats_url=nats.url, gpus="fake",
-                        log_format="json", log_level="info" if profile else "warning")
-    launcher = Launcher(settings, embedded_nats=False, log_dir=workdir / "logs")
-    await launcher.start_services()
-    echo = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.echo_plugin", str(workdir / "dp"), stdout=subprocess.PIPE)
+    base = free_base_port()
+    launcher: Launcher | None = None
+    echo: asyncio.subprocess.Process | None = None
+    results: dict[str, object] = {}
     try:
-        assert echo.stdout and (await echo.stdout.readline()).strip() == b"ready"
-        await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
-        await sim.wait_for_resource(ECHO_RESOURCE, 1000, timeout=60)
-        for i in range(n + warmup):
-            await run_pod(sim, pod(i))
-            await run_pod(sim, echo_pod(i))
-            if (i + 1) % 50 == 0:
-                print(f"  {i + 1}/{n + warmup} pods", file=sys.stderr, flush=True)
-
-        def times(resource: str) -> list[float]:
-            calls = [c for c in sim.calls if c.method == "Allocate" and c.resource == resource and c.ok]
-            return [c.end - c.start for c in calls][warmup:]  # type: ignore[operator]
-
-        return times(RESOURCE_VCORE), times(ECHO_RESOURCE)
+        if (await asyncio.wait_for(driver.stdout.readline(), 60)).strip() != b"ready":
+            raise RuntimeError("the kubelet driver did not start")
+        await nats.start()
+        settings = Settings(node_name=NODE, state_dir=str(workdir / "state"), device_plugin_dir=str(workdir / "dp"),
+                            pod_resources_socket=str(workdir / "pr" / "kubelet.sock"),
+                            kubeconfig=str(workdir / "kubeconfig"), nats_url=nats.url, gpus="fake",
+                            log_format="json", log_level=log_level, metrics_port=base, metrics_host="127.0.0.1")
+        launcher = Launcher(settings, embedded_nats=False, log_dir=workdir / "logs")
+        await launcher.start_services()
+        echo = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.echo_plugin", str(workdir / "dp"), stdout=subprocess.PIPE)
+        assert echo.stdout
+        if (await asyncio.wait_for(echo.stdout.readline(), 60)).strip() != b"ready":
+            raise RuntimeError("the echo plugin did not start")
+        ports = [base + PORT_OFFSETS["registrar"], base + PORT_OFFSETS["allocator"]]
+        await wait_for_metrics(ports, 60)
+        for phase in phases:
+            print(f"phase {phase}: {pods} + {warmup} warm-up pod pairs", file=sys.stderr, flush=True)
+            burners = start_burners() if phase == "loaded" else []
+            try:
+                before = await scrape_hops(ports)
+                driver.stdin.write(json.dumps({"pods": pods, "warmup": warmup}).encode() + b"\n")
+                await driver.stdin.drain()
+                line = await asyncio.wait_for(driver.stdout.readline(), 3600)
+                after = await scrape_hops(ports)
+            finally:
+                stop_burners(burners)
+            if not line:
+                raise RuntimeError("the kubelet driver stopped (see its stderr above)")
+            times = json.loads(line)
+            ours = summary("gpuledger (registrar -> NATS -> allocator -> fsync -> reply)", times["ours"])
+            bare = summary("bare echo device plugin (floor)", times["bare"])
+            results[phase] = {
+                "rows": [ours, bare],
+                "ratio_p50": round(ours["p50_ms"] / bare["p50_ms"], 2),  # type: ignore[operator]
+                "ratio_p99": round(ours["p99_ms"] / bare["p99_ms"], 2),  # type: ignore[operator]
+                "ratio_p999": round(ours["p999_ms"] / bare["p999_ms"], 2),  # type: ignore[operator]
+                "hops": hop_rows(before, after),
+            }
     finally:
-        echo.terminate()
-        await asyncio.wait_for(echo.wait(), 5)
-        await launcher.stop()
-        if profile:
-            print(json.dumps({"allocator": allocator_profile(workdir / "logs" / "allocator.log", warmup)}),
-                  file=sys.stderr)
-        await sim.stop()
+        driver.stdin.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(driver.wait(), 20)
+        if driver.returncode is None:
+            driver.kill()
+            await driver.wait()
+        if echo is not None:
+            echo.terminate()
+            await asyncio.wait_for(echo.wait(), 5)
+        if launcher is not None:
+            await launcher.stop()
         await nats.stop()
+    return results
+
+
+def report(results: dict[str, object]) -> None:
+    for phase, res in results.items():
+        if phase == "machine":
+            continue
+        assert isinstance(res, dict)
+        print(f"\n## {phase}\n\n| Allocate as the kubelet sees it | n | p50 ms | p99 ms | p99.9 ms | mean ms |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for row in res["rows"]:
+            print(f"| {row['name']} | {row['n']} | {row['p50_ms']} | {row['p99_ms']} | {row['p999_ms']} "
+                  f"| {row['mean_ms']} |")
+        print(f"\nratio to the bare plugin: p50 {res['ratio_p50']}x, p99 {res['ratio_p99']}x, "
+              f"p99.9 {res['ratio_p999']}x")
+        print("\n| hop (from /metrics) | n | mean ms | p50 <= ms | p99 <= ms |\n|---|---:|---:|---:|---:|")
+        for h in res["hops"]:
+            print(f"| {h['hop']} | {h['n']} | {h['mean_ms']} | {h['p50_le_ms']} | {h['p99_le_ms']} |")
+    print(f"\n({results['machine']})")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pods", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--echo", type=int, default=2000)
+    parser.add_argument("--pods", type=int, default=2000, help="measured Allocates per plugin and phase")
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--load", choices=("both", "idle", "loaded"), default="both",
+                        help="idle: nothing added; loaded: one busy process per core; both: idle, then loaded")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--profile", action="store_true",
-                        help="log at info and print the allocator's own step timings (adds logging cost)")
+    parser.add_argument("--log-level", default="info",
+                        help="the services' log level (info, as deployed; their logs stay in the work dir)")
     args = parser.parse_args()
     configure_logging("bench", fmt="console", level="warning")
+    phases = ["idle", "loaded"] if args.load == "both" else [args.load]
     workdir = Path(tempfile.mkdtemp(prefix="glb", dir="/tmp"))
-    floor = summary("grpc echo over a unix socket (floor)", await grpc_echo(args.echo, workdir))
-    print("  floor measured", file=sys.stderr, flush=True)
-    ours, bare = await allocate_path(args.pods, args.warmup, workdir, profile=args.profile)
-    path = summary("Allocate: sim -> registrar -> allocator -> log -> reply", ours)
-    plugin = summary("Allocate: sim -> bare echo device plugin (floor)", bare)
-    results = {"machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
-               "rows": [path, plugin, floor],
-               "ratio_p50": round(path["p50_ms"] / plugin["p50_ms"], 1),  # type: ignore[operator]
-               "ratio_p99": round(path["p99_ms"] / plugin["p99_ms"], 1)}  # type: ignore[operator]
-    print("| measurement | n | p50 ms | p99 ms | mean ms |\n|---|---:|---:|---:|---:|")
-    for row in results["rows"]:  # type: ignore[attr-defined]
-        print(f"| {row['name']} | {row['n']} | {row['p50_ms']} | {row['p99_ms']} | {row['mean_ms']} |")
-    print(f"\nratio to the bare device plugin: p50 {results['ratio_p50']}x, p99 {results['ratio_p99']}x"
-          f"   ({results['machine']})")
+    results = await run(args.pods, args.warmup, phases, workdir, args.log_level)
+    print(f"services' logs: {workdir / 'logs'}", file=sys.stderr)
+    load = os.getloadavg()
+    results["machine"] = (f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}, "
+                          f"load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}")
+    report(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -42,13 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libs.logger import configure_logging
-
 from gpuledger.health_cmd import check as health_check
 from gpuledger.launcher import BROKER, SERVICES, Launcher
 from libs.config import MEMORY_BLOCK, Settings
 from libs.kube.pods import RESOURCE_VCORE
 from libs.ledger.state import LedgerSnapshot, LedgerState
+from libs.logger import configure_logging
 from libs.store.replay import iter_events, open_reader
 from simulator import NodeSimulator, SimConfig
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 import nats
 import nats.errors
+import nats.js.errors
 
 from bench.make_log import synthetic, write_log
 from libs.bus import NatsServer
@@ -58,12 +59,20 @@ async def start_and_wait(state_dir: Path, url: str, timeout: float = 120) -> tup
         await nc.close()
 
 
+async def _published(js) -> int:  # type: ignore[no-untyped-def]
+    """The stream's last seq; 0 while the relay has not created the stream yet (a slow start)."""
+    try:
+        return int((await js.stream_info(Subjects(NODE).stream)).state.last_seq)
+    except nats.js.errors.NotFoundError:
+        return 0
+
+
 async def wait_published(url: str, last: int, timeout: float = 900) -> None:
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
         deadline = time.monotonic() + timeout
-        while (done := (await js.stream_info(Subjects(NODE).stream)).state.last_seq) < last:
+        while (done := await _published(js)) < last:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the relay published {done} of {last} events")
             print(f"  relay published {done:,}/{last:,}", file=sys.stderr, flush=True)

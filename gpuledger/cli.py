@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,6 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from gpuledger.agent import SERVICES
 from gpuledger.audit_cmd import audit, history, import_checkpoint
 from gpuledger.demo_runtime import RUNTIMES, demo_runtime
 from gpuledger.fleet_cmd import fleet
@@ -19,6 +17,7 @@ from gpuledger.gpu_cmd import gpu
 from gpuledger.health_cmd import health
 from gpuledger.log_cmd import log_group
 from gpuledger.options import OptionConflict, agent_options, log_options, settings_from
+from gpuledger.run_cmd import run
 from gpuledger.simulate_cmd import simulate
 from gpuledger.status_cmd import status
 from gpuledger.vcuda_cmd import gpu_client
@@ -33,19 +32,6 @@ def main() -> None:
 
 
 # --- the agent ---------------------------------------------------------------------------------
-
-@main.command()
-@click.argument("service", type=click.Choice(SERVICES))
-@agent_options
-def run(service: str, **values: Any) -> None:
-    """Run one service in the foreground (what each DaemonSet container runs)."""
-    from libs.runtime import run_service
-
-    settings = settings_from(values, nats_url=values.get("nats_url") or "nats://127.0.0.1:4222")
-    # Only the service this process runs is imported (each pulls in its own gRPC, Kubernetes, NVML...).
-    factory = importlib.import_module(f"services.{service}.app").service
-    sys.exit(run_service(service, settings, factory))
-
 
 @main.command()
 @agent_options
@@ -193,7 +179,8 @@ def gen_protos() -> None:
 
 
 # Commands that live in their own modules.
-for _command in (status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client, log_group, fleet):
+for _command in (run, status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client, log_group,
+                 fleet):
     main.add_command(_command)
 main.add_command(gpu_client, name="vcuda-client")  # the old name
 

@@ -159,8 +159,12 @@ class Bus:
         handler: Callable[[Req], Awaitable[Any]],
         *,
         queue: str | None = None,
+        on_replied: Callable[[Req], None] | None = None,
     ) -> Subscription:
-        """Answer requests on ``subject``; requests on one subscription are handled one at a time."""
+        """Answer requests on ``subject``; requests on one subscription are handled one at a time.
+
+        ``on_replied(req)`` runs once a successful reply has been handed to the connection (a caller
+        timing its own reply step: encoding and publishing included)."""
 
         async def on_msg(msg: Msg) -> None:
             try:
@@ -187,6 +191,8 @@ class Bus:
                 return
             if msg.reply:  # not msg.respond(): that would echo the request's headers
                 await self._nc.publish(msg.reply, msgspec.json.encode(rep))
+            if on_replied is not None:
+                on_replied(req)
 
         sub = await self._nc.subscribe(subject, queue=queue or "", cb=on_msg)
         self._subs.append(sub)

@@ -24,6 +24,7 @@ import datetime
 import itertools
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import nats.errors
@@ -33,7 +34,9 @@ from nats.js.errors import APIError, NotFoundError
 from libs.bus.client import Bus
 from libs.events.codec import StoredEvent, to_record
 from libs.logger import get_logger
-from libs.store.log import EventLog
+
+if TYPE_CHECKING:  # only the allocator, which holds the log, runs a relay: the others need no SQL
+    from libs.store.log import EventLog
 
 __all__ = [
     "EVENT_ID_HEADER", "REBUILT_METADATA", "ROW_HASH_HEADER", "Relay", "StreamRebuilt", "ensure_stream",

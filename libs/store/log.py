@@ -16,15 +16,12 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import sqlalchemy.exc
-from sqlalchemy import create_engine, insert, select
-
 from libs.errors import StartRefused, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
+from libs.store.format import LOG_FORMAT_VERSION
 from libs.store.queries import LogQueries
 from libs.store.replay import replay, unreadable
-from libs.store.schema import LOG_FORMAT_VERSION, meta, metadata
 from libs.store.writer import LogWriter, connect
 
 __all__ = ["EventLog", "create_schema", "writer_lock"]
@@ -34,9 +31,20 @@ def create_schema(path: Path) -> None:
     """Create the tables and triggers if absent; refuse a log written in another format."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        connect(path).close()  # WAL is persistent: set it before SQLAlchemy opens the file
+        conn = connect(path)  # WAL is persistent: set it before SQLAlchemy opens the file
+        try:
+            if _format_of(conn) == LOG_FORMAT_VERSION:
+                return  # created before, in this format: nothing to do, and no SQLAlchemy to load
+        finally:
+            conn.close()
     except sqlite3.DatabaseError as exc:
         raise unreadable(path, exc) from exc
+    # Only a new log needs the declared schema: SQLAlchemy is imported here, not by every reader.
+    import sqlalchemy.exc
+    from sqlalchemy import create_engine, insert, select
+
+    from libs.store.schema import meta, metadata
+
     engine = create_engine(f"sqlite:///{path}")
     try:
         with engine.begin() as conn:
@@ -50,6 +58,14 @@ def create_schema(path: Path) -> None:
         raise unreadable(path, exc.orig) from exc  # type: ignore[arg-type]
     finally:
         engine.dispose()
+
+
+def _format_of(conn: sqlite3.Connection) -> str | None:
+    """The log format recorded in ``meta``; None when the file has no such table or row yet."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+        return None
+    row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+    return row[0] if row else None
 
 
 def writer_lock(path: Path) -> int:

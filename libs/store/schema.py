@@ -23,9 +23,9 @@ from sqlalchemy import (
     event,
 )
 
-__all__ = ["LOG_FORMAT_VERSION", "events", "meta", "metadata"]
+from libs.store.format import LOG_FORMAT_VERSION
 
-LOG_FORMAT_VERSION = "1"
+__all__ = ["LOG_FORMAT_VERSION", "events", "meta", "metadata"]
 
 metadata = MetaData()
 

@@ -89,6 +89,8 @@ class Allocator:
         self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
         self._kubelet_warned = False
         self.hami = HamiDelivery.from_settings(settings)
+        # request id -> (received, decided, appended) perf_counter marks of a grant, until its reply is out
+        self._marks: dict[str, tuple[float, float, float]] = {}
 
     @property
     def state(self) -> LedgerState:
@@ -97,7 +99,7 @@ class Allocator:
 
     async def serve(self) -> None:
         s = self.bus.subjects
-        await self.bus.serve(s.allocate, AllocateRequest, self._observed_allocate)
+        await self.bus.serve(s.allocate, AllocateRequest, self._observed_allocate, on_replied=self._replied)
         await self.bus.serve(s.prestart, PreStartRequest, self.prestart)
         await self.bus.serve(s.release, ReleaseRequest, self.release)
         await self.bus.serve(s.inventory, InventoryRequest, self.inventory)
@@ -110,10 +112,18 @@ class Allocator:
         try:
             reply = await self.allocate(req)
         except BaseException as exc:
+            self._marks.pop(req.request_id, None)
             self.observer.allocate_done(time.perf_counter() - started, exc)
             raise
         self.observer.allocate_done(time.perf_counter() - started, None)
         return reply
+
+    def _replied(self, req: AllocateRequest) -> None:
+        """The reply is out: tell the observer the grant's steps (none for a retry answered from state)."""
+        marks = self._marks.pop(req.request_id, None)
+        if marks is not None:
+            received, decided, appended = marks
+            self.observer.allocate_hops(decided - received, appended - decided, time.perf_counter() - appended)
 
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
         try:
@@ -301,7 +311,9 @@ class Allocator:
             return None
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
         done = time.perf_counter()
-        append_ms = round((done - timing.pop("appending")) * 1000, 2)
+        appending = timing.pop("appending")
+        self._marks[req.request_id] = (started, appending, done)
+        append_ms = round((done - appending) * 1000, 2)
         _logger.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
                   gpus=[s.index for s in granted.shares], seq=stored[0].seq, request_id=req.request_id,
                   append_ms=append_ms, **timing, total_ms=round((done - started) * 1000, 2))

@@ -26,7 +26,7 @@ from libs.bus.outbox import Relay
 from libs.config import Settings
 from libs.errors import ServiceError
 from libs.ledger.state import LedgerState
-from libs.metrics import MetricsServer, Route, serving
+from libs.metrics import MetricsServer, Route, hop_histogram, serving
 from libs.status import agent_version, graph_json, usage_json
 from libs.store.log import EventLog
 from services.allocator.observer import AllocatorObserver
@@ -189,6 +189,14 @@ class AllocatorMetrics(AllocatorObserver):
         self._append = Histogram("gpuledger_log_append_duration_seconds",
                                  "Appending events to the log (durable on return)",
                                  [], buckets=APPEND_BUCKETS, registry=self.registry)
+        hops = hop_histogram(self.registry)
+        self._decide, self._append_fsync, self._reply = (hops.labels(hop=h) for h in ("decide", "append_fsync",
+                                                                                      "reply"))
+
+    def allocate_hops(self, decide: float, append: float, reply: float) -> None:
+        self._decide.observe(decide)
+        self._append_fsync.observe(append)
+        self._reply.observe(reply)
 
     def allocate_done(self, seconds: float, error: BaseException | None) -> None:
         self._allocate.labels(**_outcome(error)).observe(seconds)

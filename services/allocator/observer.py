@@ -1,4 +1,4 @@
-"""What the allocator tells whoever watches it: how long each Allocate and each append to the log took.
+"""What the allocator tells whoever watches it: how long each Allocate, its steps, and each append took.
 
 Handed to the `Ledger` and the handlers when they are built, so that observing is part of the wiring
 and nothing replaces their methods at run time. The default observes nothing; the metrics'
@@ -16,6 +16,11 @@ class AllocatorObserver:
     def allocate_done(self, seconds: float, error: BaseException | None) -> None:
         """An Allocate answered ``seconds`` after its receipt (its refusal's record included);
         ``error`` is what it raised, None when it granted."""
+
+    def allocate_hops(self, decide: float, append: float, reply: float) -> None:
+        """A granted Allocate's steps, in seconds: ``decide`` from receipt to the event ready to append
+        (pod lookup, matching, placement, response), ``append`` the durable append (fsync included),
+        ``reply`` from the append's return to the reply handed to the bus (fold, encode, publish)."""
 
     def append_done(self, seconds: float) -> None:
         """Events were appended to the log in ``seconds`` (durable on return), or the append failed."""

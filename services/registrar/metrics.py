@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
-from libs.metrics import serving, timed
+from libs.metrics import hop_histogram, serving, timed
 from services.registrar.catalog import DeviceCatalog
 from services.registrar.health import DeviceHealth
 from services.registrar.plugin import DevicePlugin
@@ -46,7 +46,15 @@ async def observe(settings: Settings, plugins: list[DevicePlugin], catalog: Devi
     calls = Histogram("gpuledger_kubelet_request_duration_seconds",
                       "Allocate and PreStartContainer calls from the kubelet, as the kubelet waits for them",
                       ["method", "resource", "outcome"], buckets=KUBELET_BUCKETS, registry=registry)
+    hops = hop_histogram(registry)
+    total, bus = hops.labels(hop="registrar_total"), hops.labels(hop="bus_round_trip")
+
+    def allocated(total_s: float, bus_s: float) -> None:
+        total.observe(total_s)
+        bus.observe(bus_s)
+
     for plugin in plugins:
+        plugin.on_allocated = allocated
         for method in ("Allocate", "PreStartContainer"):
             def outcome(exc: BaseException | None, method: str = method, resource: str = plugin.resource,
                         ) -> dict[str, str]:

@@ -98,6 +98,7 @@ class Recycler:
         self.kubelet = kubelet
         self.passes = 0  # finished reconciliation passes, for tests
         self._released: set[str] = set()  # pods already released, so MODIFIED events do not repeat it
+        self._releasing: set[asyncio.Task[bool]] = set()  # deleted pods' releases still in flight
         self._kick = asyncio.Event()  # a pass is due now (see kick())
         self._retry = False           # a release failed since the last pass: retry passes until one works
 
@@ -112,7 +113,11 @@ class Recycler:
         if not pod.wants_gpu:
             return
         if kind == "DELETED":
-            await self.release(pod.uid, "deleted")
+            # Not awaited: the release costs the allocator a durable append, and the next event (often
+            # the ADDED of the pod the kubelet is about to admit) must not wait behind it.
+            task = asyncio.create_task(self.release(pod.uid, "deleted"))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
             self._released.discard(pod.uid)
             if self.admission is not None:
                 self.admission.forget(pod.uid)

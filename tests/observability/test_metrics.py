@@ -50,6 +50,10 @@ async def test_allocator_metrics_follow_an_allocation(obs_node: Node) -> None:
     assert value(m, "gpuledger_allocations", state="released") == 0
     assert value(m, "gpuledger_allocate_duration_seconds_count", outcome="granted") == 1
     assert value(m, "gpuledger_log_append_duration_seconds_count") >= 1
+    # The per-hop breakdown of the grant, allocator side (each hop observed once, with a real time).
+    for hop in ("decide", "append_fsync", "reply"):
+        assert value(m, "gpuledger_allocate_hop_duration_seconds_count", hop=hop) == 1
+        assert value(m, "gpuledger_allocate_hop_duration_seconds_sum", hop=hop) > 0
     assert value(m, "gpuledger_log_last_seq") == snap.seq
     assert value(m, "gpuledger_log_published_seq") == snap.seq
     assert value(m, "gpuledger_log_publication_lag_seconds") == 0
@@ -87,6 +91,10 @@ async def test_allocator_metrics_follow_an_allocation(obs_node: Node) -> None:
     assert value(r, "gpuledger_advertised_devices", resource=RESOURCE_VMEMORY, health="Healthy") == 256
     assert value(r, "gpuledger_kubelet_request_duration_seconds_count", method="Allocate",
                  resource=RESOURCE_VCORE, outcome="ok") == 1
+    for hop in ("registrar_total", "bus_round_trip"):  # registrar side of the breakdown
+        assert value(r, "gpuledger_allocate_hop_duration_seconds_count", hop=hop) == 1
+    assert (value(r, "gpuledger_allocate_hop_duration_seconds_sum", hop="registrar_total")
+            >= value(r, "gpuledger_allocate_hop_duration_seconds_sum", hop="bus_round_trip") > 0)
     v = await eventually(lambda: scraped(base + 2, lambda s: value(s, "gpuledger_vmanager_followed_seq") >= snap.seq),
                          timeout=15, interval=0.2, what=f"the vmanager's /metrics following seq {snap.seq}")
     assert value(v, "gpuledger_vmanager_pod_sockets") == 1

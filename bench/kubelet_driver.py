@@ -1,0 +1,92 @@
+"""The kubelet side of the Allocate benchmark, in its own process: the node simulator's kubelet.
+
+The benchmark process must not share an interpreter (event loop, GIL, gRPC client) with what it
+measures from, so the simulated node (API server + kubelet device manager) runs here, alone, and
+the Allocate times are those its own gRPC client sees: from the call to the reply, as the kubelet's
+admission issues Allocate after Allocate. Pods are created, admitted and deleted one at a time,
+alternating between a pod asking for gpuledger's ``tencent.com/vcuda-core`` and a pod asking for
+the bare echo plugin's resource, so both see the same request sequence under the same conditions.
+
+Protocol (line-based, for bench/allocate_rtt.py): prints ``ready`` once the simulator serves
+(kubeconfig written, kubelet.sock listening); then for each stdin line ``{"pods": N, "warmup": W}``
+it runs W+N pairs and prints one JSON line ``{"ours": [seconds...], "bare": [seconds...]}`` (the
+warm-up pairs left out). It stops at end of input.
+
+    python -m bench.kubelet_driver WORKDIR NODE_NAME
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from bench.echo_plugin import RESOURCE as ECHO_RESOURCE
+from libs.kube.pods import RESOURCE_VCORE
+from libs.logger import configure_logging
+from simulator import NodeSimulator, SimConfig
+
+NAMESPACE = "bench"
+
+
+def vcore_pod(i: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"bench-{i}", "namespace": NAMESPACE},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {
+                "tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"}}}]}}
+
+
+def echo_pod(i: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"echo-{i}", "namespace": NAMESPACE},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {ECHO_RESOURCE: "1"}}}]}}
+
+
+async def run_pod(sim: NodeSimulator, manifest: dict) -> None:
+    created = await sim.create_pod(manifest)
+    name = created["metadata"]["name"]
+    done = await sim.wait_for_pod(NAMESPACE, name, lambda p: p["status"].get("phase") in ("Running", "Failed"), 30)
+    if done["status"]["phase"] != "Running":
+        raise RuntimeError(f"{name} failed: {done['status'].get('message')}")
+    await sim.delete_pod(NAMESPACE, name)
+
+
+async def run_phase(sim: NodeSimulator, first: int, pods: int, warmup: int) -> dict[str, list[float]]:
+    """W+N pairs (ours, then the echo plugin's); the Allocate times of the last N of each."""
+    mark = len(sim.calls)
+    for i in range(first, first + warmup + pods):
+        await run_pod(sim, vcore_pod(i))
+        await run_pod(sim, echo_pod(i))
+        if (i - first + 1) % 250 == 0:
+            print(f"  {i - first + 1}/{warmup + pods} pod pairs", file=sys.stderr, flush=True)
+
+    def times(resource: str) -> list[float]:
+        calls = [c for c in sim.calls[mark:] if c.method == "Allocate" and c.resource == resource and c.ok]
+        return [c.end - c.start for c in calls][warmup:]  # type: ignore[operator]
+
+    return {"ours": times(RESOURCE_VCORE), "bare": times(ECHO_RESOURCE)}
+
+
+async def main(workdir: Path, node: str) -> None:
+    sim = NodeSimulator(SimConfig(node_name=node, device_plugin_dir=workdir / "dp",
+                                  pod_resources_socket=workdir / "pr" / "kubelet.sock",
+                                  kubeconfig_path=workdir / "kubeconfig", seed=1))
+    await sim.start()
+    try:
+        print("ready", flush=True)
+        reader = asyncio.StreamReader()
+        await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        first = 0
+        while line := await reader.readline():
+            order = json.loads(line)
+            await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
+            await sim.wait_for_resource(ECHO_RESOURCE, 1000, timeout=60)
+            result = await run_phase(sim, first, order["pods"], order["warmup"])
+            first += order["pods"] + order["warmup"]
+            print(json.dumps(result), flush=True)
+    finally:
+        await sim.stop()
+
+
+if __name__ == "__main__":
+    configure_logging("kubelet-driver", fmt="console", level="warning", stream=sys.stderr)
+    asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))
