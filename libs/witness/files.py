@@ -5,9 +5,9 @@
     witness.pub     the witness's verifier key, pinned from its first valid cosignature (an auditor passes
                     the one it trusts instead: ``--witness-key``)
     cosigned.jsonl  every cosigned checkpoint, one JSON line each ({"note": <signed note>}), oldest first
-    leaves          the leaf hash of every row, 32 bytes each, seq order (authenticated by a cosigned root
-                    before anything trusts it: it only sharpens where a rewritten log first differs)
-    base.json       the compact range at the last cosigned size, so a start does not rehash the log
+    leaves          the leaf hash of every row as first seen, 32 bytes each, seq order, never rewritten
+                    (authenticated by a cosigned root before anything trusts it: it only sharpens where a
+                    rewritten log first differs)
 
 **The leaf of seq S** is the row's canonical bytes, the ones the hash chain covers:
 ``msgpack([seq, recorded_at, stream_id, version, type, schema_v, event_id, command_id, payload])``
@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from libs.events.codec import StoredEvent, encode_body
-from libs.witness.merkle import CompactRange, leaf_hash
+from libs.witness.merkle import leaf_hash
 from libs.witness.note import ALG_ED25519, NoteError, SignedNote, Signer, Verifier
 
 __all__ = ["NodeFiles", "load_or_create_key", "row_bytes", "row_leaf", "stored_row", "write_private"]
@@ -101,10 +101,6 @@ class NodeFiles:
     def leaves(self) -> Path:
         return self.dir / "leaves"
 
-    @property
-    def base(self) -> Path:
-        return self.dir / "base.json"
-
     def node_verifier(self) -> Verifier | None:
         return Verifier.parse(self.pub.read_text()) if self.pub.exists() else None
 
@@ -152,16 +148,3 @@ class NodeFiles:
         while batch := self.read_leaves(start, start + chunk):
             yield from batch
             start += len(batch)
-
-    # --- the compact range at the last cosigned size ---
-    def save_base(self, base: CompactRange) -> None:
-        record = {"size": base.size, "nodes": [[s, h, d.hex()] for s, h, d in base.nodes]}
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_private(self.base, json.dumps(record))
-
-    def load_base(self) -> CompactRange | None:
-        try:
-            data = json.loads(self.base.read_text())
-            return CompactRange(int(data["size"]), [(int(s), int(h), bytes.fromhex(d)) for s, h, d in data["nodes"]])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return None

@@ -26,6 +26,7 @@ __all__ = [
     "EMPTY_ROOT",
     "CompactRange",
     "ProofError",
+    "ProofSource",
     "consistency_proof",
     "inclusion_proof",
     "leaf_hash",

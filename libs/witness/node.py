@@ -3,9 +3,10 @@ checkpoint every N events or T seconds, and has it cosigned by the witness over 
 
 It never writes the log (the allocator's Ledger is its only writer): it reads the committed rows back
 from SQLite, the exact bytes the hash chain covers, so its tree is derivable from the log at any time.
-Its state is the compact range at the last cosigned size (``base.json``) plus the leaves since, O(log n)
-hashes and the recent leaves; ``leaves`` on disk holds every leaf hash, checked against the log's tail at
-start and rebuilt from the log when it does not match.
+Its state is the compact range at the last cosigned size plus the leaves since: O(log n) hashes and the
+recent leaves. It is derived from the log at every start (one read of the log, in a thread); ``leaves``
+on disk records every leaf hash as it was first seen and is never rewritten, so a rewritten log shows
+against it.
 
 The request goes to ``gpuledger.<node>.checkpoint`` (the witness serves ``gpuledger.*.checkpoint``); the
 cosigned checkpoint is stored in the state dir and published on ``gpuledger.<node>.checkpoint.cosigned``.
@@ -20,17 +21,19 @@ import sqlite3
 from pathlib import Path
 
 from libs.bus.client import Bus
+from libs.config import Settings
 from libs.errors import BusError, RemoteError
 from libs.logger import get_logger
 from libs.store.log import EventLog
 from libs.store.replay import iter_rows, open_reader
 from libs.store.rows import COLUMNS
-from libs.witness.files import NodeFiles, row_leaf
+from libs.witness.files import NodeFiles, load_or_create_key, row_leaf
 from libs.witness.merkle import CompactRange, ProofSource
 from libs.witness.note import Checkpoint, NoteError, SignedNote, Signer, Verifier, sign_note, verify_cosignature
 from libs.witness.witness import AddCheckpoint, WitnessReply, add_checkpoint_body
 
-__all__ = ["WITNESS_SUBJECT", "Checkpointer", "checkpoint_subject", "cosigned_subject", "origin_of"]
+__all__ = ["WITNESS_SUBJECT", "Checkpointer", "checkpoint_subject", "cosigned_subject", "open_checkpointer",
+           "origin_of"]
 
 WITNESS_SUBJECT = "gpuledger.*.checkpoint"  # what a witness serves (queue group "witness")
 
@@ -47,6 +50,17 @@ def checkpoint_subject(bus: Bus) -> str:
 
 def cosigned_subject(bus: Bus) -> str:
     return f"{bus.subjects.prefix}.checkpoint.cosigned"
+
+
+def open_checkpointer(settings: Settings, bus: Bus, event_log: EventLog) -> Checkpointer | None:
+    """The allocator's checkpointer (None when ``checkpoint_every`` is 0); makes the node key on first use."""
+    if settings.checkpoint_every <= 0:
+        return None
+    origin = origin_of(settings.cluster_name, settings.node_name)
+    files = NodeFiles(settings.state_dir)
+    signer = load_or_create_key(files.key, origin)
+    return Checkpointer(bus, event_log, files, signer, origin=origin, every=settings.checkpoint_every,
+                        interval=settings.checkpoint_interval, timeout=settings.request_timeout)
 
 
 class Checkpointer:
@@ -79,6 +93,7 @@ class Checkpointer:
         self._wake = asyncio.Event()
         self._started = False
         self._pending_note: SignedNote | None = None
+        self._frozen = False  # the leaves file disagrees with the log: kept as evidence, no longer appended
 
     # --- start: the leaves file against the log, the base at the last cosigned size ---
     async def start(self) -> None:
@@ -94,34 +109,69 @@ class Checkpointer:
             self._wake.set()
 
     def _load(self) -> None:
-        count = self.files.leaf_count()
-        self.files.leaves.parent.mkdir(parents=True, exist_ok=True)
-        if count and not self._tail_matches(count):
-            _logger.warning("the leaves file does not match the log: rebuilding it from the log",
-                            path=str(self.files.leaves), leaves=count)
-            count = 0
-        with open(self.files.leaves, "r+b" if self.files.leaves.exists() else "w+b") as f:
-            f.truncate(count * 32)
-        self.cosigned = self.files.latest_cosigned()
-        size = Checkpoint.parse(self.cosigned.text).size if self.cosigned else 0
-        base = self.files.load_base()
-        if self.cosigned is None or base is None or base.size != size or \
-                base.root() != Checkpoint.parse(self.cosigned.text).root:
-            base = CompactRange.of(self.files.read_leaves(0, size)) if size <= count else CompactRange()
-        self.source = ProofSource(base)
-        for leaf in self.files.read_leaves(base.size, count):
-            self.source.append(leaf)
-        self._extend()
+        """Derive the tree from the log, row by row, and hold it against the leaves file.
 
-    def _tail_matches(self, count: int) -> bool:
+        The file only ever grows: where the log disagrees with it, the log was rewritten (or the file
+        damaged); the file is kept as it is, as evidence that ``audit verify --witness`` uses, and the tree
+        stays the log's own, so the witness refuses the next checkpoint instead of being shown a tree the
+        log does not hold. O(n) once per start, in a thread, off the allocation path.
+        """
+        self.cosigned = self.files.latest_cosigned()
+        witnessed = Checkpoint.parse(self.cosigned.text) if self.cosigned else None
+        size = witnessed.size if witnessed else 0
+        kept = self.files.leaf_count()
+        tree, base, fresh = CompactRange(), CompactRange(), []
+        new_leaves: list[bytes] = []  # what the file lacks
+        diverged = 0
+        conn = self._reader()
+        try:
+            chunk: list[bytes] = []
+            for row in iter_rows(conn, COLUMNS) if conn is not None else ():
+                chunk.append(row_leaf(row))
+                if len(chunk) == 4096:
+                    diverged = diverged or self._compare(tree.size, chunk, kept)
+                    new_leaves.extend(chunk[max(0, kept - tree.size):])
+                    base = _grow(tree, base, fresh, chunk, size)
+                    chunk = []
+            diverged = diverged or self._compare(tree.size, chunk, kept)
+            new_leaves.extend(chunk[max(0, kept - tree.size):])
+            base = _grow(tree, base, fresh, chunk, size)
+        finally:
+            if conn is not None:
+                conn.close()
+        if diverged:
+            self._frozen = True
+            _logger.error("the log differs from the leaves recorded when it was written: it was rewritten",
+                          first_seq=diverged, leaves=str(self.files.leaves))
+        elif new_leaves:
+            with open(self.files.leaves, "ab") as f:
+                f.truncate(kept * 32)
+                f.write(b"".join(new_leaves))
+        if witnessed is not None and tree.size >= size and base.root() != witnessed.root:
+            _logger.error("the log no longer gives the root the witness cosigned: the next checkpoint will be "
+                          "refused", size=size)
+        self.source = ProofSource(base)
+        for leaf in fresh:
+            self.source.append(leaf)
+
+    def _all_after(self, after: int) -> list[bytes]:
         conn = self._reader()
         if conn is None:
-            return False
+            return []
         try:
-            row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (count,)).fetchone()
+            return [row_leaf(row) for row in iter_rows(conn, COLUMNS, after_seq=after)]
         finally:
             conn.close()
-        return row is not None and row_leaf(row) == self.files.read_leaves(count - 1, count)[0]
+
+    def _compare(self, start: int, chunk: list[bytes], kept: int) -> int:
+        """The first seq in ``chunk`` (leaves from index ``start``) that the leaves file records otherwise; 0."""
+        if start >= kept or not chunk:
+            return 0
+        recorded = self.files.read_leaves(start, min(kept, start + len(chunk)))
+        for i, leaf in enumerate(recorded):
+            if leaf != chunk[i]:
+                return start + i + 1
+        return 0
 
     def _reader(self) -> sqlite3.Connection | None:
         path = Path(self.event_log.path)
@@ -138,8 +188,9 @@ class Checkpointer:
             conn.close()
         if not fresh:
             return
-        with open(self.files.leaves, "ab") as f:
-            f.write(b"".join(fresh))
+        if not self._frozen:
+            with open(self.files.leaves, "ab") as f:
+                f.write(b"".join(fresh))
         for leaf in fresh:
             self.source.append(leaf)
 
@@ -181,8 +232,8 @@ class Checkpointer:
         note = sign_note(checkpoint.text(), self.signer)
         body = add_checkpoint_body(self.source.base.size, self.source.consistency_from_base(size), note.encode())
         try:
-            reply = await self.bus.request(checkpoint_subject(self.bus), AddCheckpoint(body, self.signer.verifier.encode()),
-                                           WitnessReply, timeout=self.timeout)
+            request = AddCheckpoint(body, self.signer.verifier.encode())
+            reply = await self.bus.request(checkpoint_subject(self.bus), request, WitnessReply, timeout=self.timeout)
         except RemoteError as exc:
             _logger.debug("no witness answers", error=str(exc))
             return None
@@ -214,7 +265,6 @@ class Checkpointer:
             return None
         self.files.append_cosigned(cosigned)
         self.source.rebase(size)
-        self.files.save_base(self.source.base)
         self.cosigned = cosigned
         _logger.info("checkpoint cosigned", origin=self.origin, size=size)
         return cosigned
@@ -231,7 +281,7 @@ class Checkpointer:
             _logger.error("the witness cosigned more than the log holds: events were lost or the log was replaced",
                           origin=self.origin, witness_size=held, log_size=size)
             return False
-        leaves = await asyncio.to_thread(self.files.read_leaves, 0, size)
+        leaves = (await asyncio.to_thread(self._all_after, 0))[:size]
         source = ProofSource(CompactRange.of(leaves[:held]))
         for leaf in leaves[held:]:
             source.append(leaf)
@@ -241,3 +291,16 @@ class Checkpointer:
     async def publish_cosigned(self) -> None:
         if self.cosigned is not None:
             await self.bus.publish(cosigned_subject(self.bus), {"note": self.cosigned.encode()})
+
+
+def _grow(tree: CompactRange, base: CompactRange, fresh: list[bytes], chunk: list[bytes], size: int) -> CompactRange:
+    """Append ``chunk`` to ``tree`` (and the leaves past ``size`` to ``fresh``); the compact range at ``size``."""
+    for leaf in chunk:
+        if tree.size == size:
+            base = tree.copy()
+        if tree.size >= size:
+            fresh.append(leaf)
+        tree.append(leaf)
+    if tree.size == size:
+        base = tree.copy()
+    return base
