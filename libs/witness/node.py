@@ -22,7 +22,7 @@ from pathlib import Path
 
 from libs.bus.client import Bus
 from libs.config import Settings
-from libs.errors import BusError, RemoteError
+from libs.errors import BusError, RemoteError, StoreError
 from libs.logger import get_logger
 from libs.store.log import EventLog
 from libs.store.replay import iter_rows, open_reader
@@ -196,8 +196,14 @@ class Checkpointer:
 
     # --- the loop ---
     async def run(self) -> None:
-        if not self._started:
-            await self.start()
+        # A checkpointer that cannot read the log or write its files must never stop the allocator (a
+        # failed supervised task ends the service): it says so and tries again later.
+        while not self._started:
+            try:
+                await self.start()
+            except (StoreError, NoteError, OSError, sqlite3.DatabaseError) as exc:
+                _logger.error("the checkpointer cannot start", error=str(exc), retry_in=self.interval)
+                await asyncio.sleep(self.interval)
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
@@ -207,6 +213,8 @@ class Checkpointer:
                 await self.checkpoint()
             except (BusError, OSError) as exc:
                 _logger.debug("no witness reached", error=str(exc) or type(exc).__name__)
+            except (StoreError, sqlite3.DatabaseError) as exc:
+                _logger.error("the checkpointer cannot read the log", error=str(exc))
 
     async def checkpoint(self) -> SignedNote | None:
         """Sign the tree as it is now and ask the witness to cosign it; the cosigned note, or None."""
