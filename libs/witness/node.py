@@ -94,6 +94,7 @@ class Checkpointer:
         self._started = False
         self._pending_note: SignedNote | None = None
         self._frozen = False  # the leaves file disagrees with the log: kept as evidence, no longer appended
+        self._one_at_a_time = asyncio.Lock()  # run() and a direct caller (tests, a CLI) never interleave
 
     # --- start: the leaves file against the log, the base at the last cosigned size ---
     async def start(self) -> None:
@@ -218,6 +219,10 @@ class Checkpointer:
 
     async def checkpoint(self) -> SignedNote | None:
         """Sign the tree as it is now and ask the witness to cosign it; the cosigned note, or None."""
+        async with self._one_at_a_time:
+            return await self._checkpoint()
+
+    async def _checkpoint(self) -> SignedNote | None:
         await asyncio.to_thread(self._extend)
         size = self.source.size
         witnessed = Checkpoint.parse(self.cosigned.text).size if self.cosigned else 0

@@ -68,11 +68,12 @@ async def test_checkpoints_every_n_events_are_cosigned_and_survive_a_restart(
     assert files.witness_verifier() == witness.verifier  # pinned from the first cosignature
     assert files.leaf_count() >= 10  # the leaves up to the last checkpoint at least; the rest at the next start
     # a restart resumes from the stored base: the witness sees a consistency proof from its last size
-    async with checkpointer(nats_server.url, state, every=5) as (cp, event_log):
+    async with checkpointer(nats_server.url, state, every=1000) as (cp, event_log):
         assert cp.source.base.size == size_of(cp)
         for i in range(12, 22):
             await event_log.append([released_event(i)])
-        await eventually(lambda: size_of(cp) == 22, timeout=10, interval=0.05, what="cosigned at 22")
+        await cp.checkpoint()
+        assert size_of(cp) == 22
     assert witness.store.get(ORIGIN).size == 22  # type: ignore[union-attr]
     assert cp.refusals == 0
 
@@ -88,10 +89,12 @@ async def test_a_rewritten_log_is_refused_by_the_witness_and_caught_by_audit(
         nats_server: NatsServer, witness_bus: tuple[Witness, Bus], tmp_path: Path) -> None:
     witness, _ = witness_bus
     state = tmp_path / "state"
-    async with checkpointer(nats_server.url, state, every=10) as (cp, event_log):
+    async with checkpointer(nats_server.url, state, every=1000) as (cp, event_log):
         for i in range(30):
             await event_log.append([released_event(i)])
-        await eventually(lambda: size_of(cp) == 30, timeout=10, interval=0.05, what="cosigned at 30")
+            if i % 10 == 9:  # cosigned at 10, 20 and 30
+                await cp.checkpoint()
+        assert size_of(cp) == 30
     log_path = state / "ledger.sqlite"
     run = gpuledger("audit", "verify", "--witness", "--state-dir", str(state))
     assert run.returncode == 0 and "the log matches the checkpoint" in run.stdout, run.stdout + run.stderr
@@ -121,10 +124,11 @@ async def test_an_inclusion_proof_checks_with_the_public_keys_alone(
         nats_server: NatsServer, witness_bus: tuple[Witness, Bus], tmp_path: Path) -> None:
     witness, _ = witness_bus
     state = tmp_path / "state"
-    async with checkpointer(nats_server.url, state, every=7) as (cp, event_log):
+    async with checkpointer(nats_server.url, state, every=1000) as (cp, event_log):
         for i in range(7):
             await event_log.append([released_event(i)])
-        await eventually(lambda: size_of(cp) == 7, timeout=10, interval=0.05, what="cosigned at 7")
+        await cp.checkpoint()
+        assert size_of(cp) == 7
     run = gpuledger("audit", "prove", "--seq", "4", "--state-dir", str(state))
     assert run.returncode == 0, run.stderr
     proof = json.loads(run.stdout)
