@@ -140,13 +140,15 @@ class Checkpointer:
         finally:
             if conn is not None:
                 conn.close()
+        if not diverged and kept > tree.size:
+            diverged = tree.size + 1  # the file saw rows the log no longer holds
         if diverged:
             self._frozen = True
             _logger.error("the log differs from the leaves recorded when it was written: it was rewritten",
                           first_seq=diverged, leaves=str(self.files.leaves))
-        elif new_leaves:
+        else:
             with open(self.files.leaves, "ab") as f:
-                f.truncate(kept * 32)
+                f.truncate(kept * 32)  # a torn last leaf (a crash mid-write) goes; whole leaves stay
                 f.write(b"".join(new_leaves))
         if witnessed is not None and tree.size >= size and base.root() != witnessed.root:
             _logger.error("the log no longer gives the root the witness cosigned: the next checkpoint will be "
