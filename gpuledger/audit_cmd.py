@@ -55,10 +55,31 @@ def audit() -> None:
     """Check the allocation log."""
 
 
+def _key_text(value: str) -> str:
+    """A key given inline, or as @FILE / a path to a file holding it."""
+    candidate = Path(value[1:] if value.startswith("@") else value)
+    if value.startswith("@") or ("+" not in value and candidate.exists()):
+        return candidate.read_text().strip()
+    return value.strip()
+
+
+_witness_key = click.option("--witness-key", default=None, metavar="VKEY|@FILE",
+                            help="The witness's verifier key you trust [default: the one the node pinned, in "
+                                 "STATE_DIR/witness/witness.pub].")
+
+
 @audit.command()
 @_state_dir
 @click.option("--json", "as_json", is_flag=True)
-def verify(state_dir: str, as_json: bool) -> None:
+@click.option("--witness", "with_witness", is_flag=True,
+              help="Also check the log against the latest checkpoint an outside witness cosigned: catches a log "
+                   "rewritten with a recomputed hash chain.")
+@_witness_key
+@click.option("--checkpoint", "checkpoint_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A cosigned checkpoint note to check against, e.g. fetched from the witness [default: the "
+                   "latest in STATE_DIR/witness/cosigned.jsonl].")
+def verify(state_dir: str, as_json: bool, with_witness: bool, witness_key: str | None,
+           checkpoint_file: Path | None) -> None:
     """Check the whole hash chain; report the first bad seq. Exit code 1 when the log is not intact."""
     from libs.ledger.snapshot import read_header
     from libs.store.replay import restore_hint
@@ -81,8 +102,12 @@ def verify(state_dir: str, as_json: bool) -> None:
         report = verify_log(path, expect=expect, progress=progress)
     except GpuledgerError as exc:
         raise click.ClickException(str(exc)) from exc
+    witnessed = _verify_witness(path, state_dir, witness_key, checkpoint_file) if with_witness else None
     if as_json:
-        click.echo(msgspec.json.encode(report).decode())
+        if witnessed is None:
+            click.echo(msgspec.json.encode(report).decode())
+        else:
+            click.echo(msgspec.json.encode({**msgspec.to_builtins(report), "witness": witnessed}).decode())
     elif report.ok:
         click.echo(f"{path}: intact. {report.events:,} events, seq 1..{report.last_seq}, every hash chained; "
                    f"head hash {report.head_hash or '-'}")
@@ -94,7 +119,86 @@ def verify(state_dir: str, as_json: bool) -> None:
     if not as_json:
         for note in report.notes:
             click.echo(f"note: {note}")
-    sys.exit(0 if report.ok else 1)
+        if witnessed is not None:
+            _print_witness(witnessed)
+    sys.exit(0 if report.ok and (witnessed is None or witnessed.ok) else 1)
+
+
+def _verify_witness(path: Path, state_dir: str, witness_key: str | None, checkpoint_file: Path | None) -> Any:
+    from libs.witness.audit import WitnessReport, verify_against_witness
+    from libs.witness.files import NodeFiles
+    from libs.witness.note import NoteError, SignedNote, Verifier
+
+    files = NodeFiles(state_dir)
+    try:
+        key = Verifier.parse(_key_text(witness_key)) if witness_key else files.witness_verifier()
+        note = SignedNote.parse(checkpoint_file.read_text()) if checkpoint_file else None
+        node_key = files.node_verifier()
+    except (NoteError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if key is None:
+        return WitnessReport(ok=False, problem=f"no witness key: pass --witness-key (none pinned in {files.dir})")
+    return verify_against_witness(path, files, witness_key=key, node_key=node_key, note=note)
+
+
+def _print_witness(report: Any) -> None:
+    if report.ok:
+        click.echo(f"witness: the log matches the checkpoint of {report.origin} at size {report.checkpoint_size} "
+                   f"cosigned at {report.cosigned_at}")
+    elif report.first_bad_seq is None:
+        click.echo(f"witness: NOT CHECKED: {report.problem}")
+    else:
+        click.echo(f"witness: DIFFERS at seq {report.first_bad_seq}: {report.problem} (cosigned size "
+                   f"{report.checkpoint_size})")
+
+
+@audit.command()
+@_state_dir
+@click.option("--seq", type=click.IntRange(1), required=True, help="The event to prove.")
+@_witness_key
+def prove(state_dir: str, seq: int, witness_key: str | None) -> None:
+    """Print (JSON) an inclusion proof of event SEQ against the latest cosigned checkpoint.
+
+    Anyone holding the node's and the witness's public keys checks it with `gpuledger audit check-proof`.
+    """
+    from libs.witness.audit import prove as make_proof
+    from libs.witness.files import NodeFiles
+    from libs.witness.note import NoteError, Verifier
+
+    try:
+        key = Verifier.parse(_key_text(witness_key)) if witness_key else None
+        proof = make_proof(_log_path(state_dir), NodeFiles(state_dir), seq, witness_key=key)
+    except (GpuledgerError, NoteError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(msgspec.json.encode(proof).decode())
+
+
+@audit.command("check-proof")
+@click.argument("file", type=click.File("rb"), default="-")
+@click.option("--node-key", default=None, metavar="VKEY|@FILE", help="The node's verifier key you trust.")
+@click.option("--witness-key", default=None, metavar="VKEY|@FILE", help="The witness's verifier key you trust.")
+def check_proof(file: Any, node_key: str | None, witness_key: str | None) -> None:
+    """Check a proof printed by `audit prove` (FILE, or stdin). Needs no state dir and no log.
+
+    Without --node-key/--witness-key the keys inside the proof are used, which proves only that the
+    proof is self-consistent: pass the keys you got from the node's and the witness's operators.
+    """
+    from libs.witness.audit import InclusionProof
+    from libs.witness.audit import check_proof as check
+    from libs.witness.merkle import ProofError
+    from libs.witness.note import NoteError, Verifier
+
+    try:
+        proof = msgspec.json.decode(file.read(), type=InclusionProof)
+        if node_key is None or witness_key is None:
+            click.echo("warning: using the keys carried in the proof; pass --node-key and --witness-key to check "
+                       "against keys you trust", err=True)
+        node = Verifier.parse(_key_text(node_key) if node_key else proof.node_key)
+        witness = Verifier.parse(_key_text(witness_key) if witness_key else proof.witness_key)
+        click.echo("OK: " + check(proof, node_key=node, witness_key=witness))
+    except (msgspec.DecodeError, msgspec.ValidationError, NoteError, ProofError, ValueError, OSError) as exc:
+        click.echo(f"FAILED: {exc}")
+        sys.exit(1)
 
 
 @click.command("import-checkpoint")

@@ -135,6 +135,14 @@ def agent_options(fn: F) -> F:
         _opt("--extra-config", env="GPULEDGER_EXTRA_CONFIG", default="",
              help='gpu-manager\'s extra config JSON ({"default": {"devices": [...]}}): device nodes added to '
                   "every Allocate response."),
+        # Outside witness: signed checkpoints of the log
+        _opt("--cluster-name", env="GPULEDGER_CLUSTER_NAME", default="default", show_default=True,
+             help="The cluster's name in this node's checkpoint origin, gpuledger/<cluster>/<node>."),
+        _opt("--checkpoint-every", env="GPULEDGER_CHECKPOINT_EVERY", type=click.IntRange(0), default=1000,
+             show_default=True, help="Sign a checkpoint of the log and have the witness cosign it every this many "
+             "events (0: never)."),
+        _opt("--checkpoint-interval", env="GPULEDGER_CHECKPOINT_INTERVAL", type=float, default=60.0,
+             show_default=True, help="...and at least every this many seconds while the log grew."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)

@@ -79,10 +79,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     fleet_credentials: str = ""
     fleet_db: str = ""
     fleet_silent_after: float = 600.0
+    # Outside witness: the node signs a checkpoint of its log's Merkle tree (origin gpuledger/<cluster>/<node>)
+    # every checkpoint_every events or checkpoint_interval seconds and asks the witness to cosign it;
+    # checkpoint_every 0 turns the checkpointer off
+    cluster_name: str = "default"
+    checkpoint_every: int = 1000
+    checkpoint_interval: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.node_name:
             raise msgspec.ValidationError("node_name must not be empty")
+        if not self.cluster_name or "+" in self.cluster_name or any(c.isspace() for c in self.cluster_name):
+            raise msgspec.ValidationError(f"cluster_name must be non-empty, without spaces or '+': "
+                                          f"{self.cluster_name!r}")
         if self.limit_delivery not in LIMIT_DELIVERIES:
             raise msgspec.ValidationError(
                 f"limit_delivery must be one of {', '.join(LIMIT_DELIVERIES)}, not {self.limit_delivery!r}")

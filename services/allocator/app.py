@@ -20,6 +20,7 @@ from libs.logger import get_logger
 from libs.metrics import MetricsServer
 from libs.runtime import Supervisor
 from libs.store import EventLog
+from libs.witness.node import Checkpointer, open_checkpointer
 from services.allocator.extender import AnnotationWriter
 from services.allocator.extraconfig import default_devices
 from services.allocator.handlers import Allocator
@@ -46,6 +47,7 @@ class AllocatorService:
     usage: UsageSampler
     metrics: AllocatorMetrics
     metrics_server: MetricsServer | None = None  # None when metrics are off
+    checkpointer: Checkpointer | None = None     # None when checkpoint_every is 0
 
 
 @asynccontextmanager
@@ -88,6 +90,9 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
                              pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics)
         relay = Relay(bus, events)
         supervisor.spawn(relay.run(), "relay")
+        checkpointer = open_checkpointer(settings, bus, events)  # signed checkpoints for the outside witness
+        if checkpointer is not None:
+            supervisor.spawn(checkpointer.run(), "checkpointer")
         monitor = await asyncio.to_thread(open_monitor, found, Path(settings.proc_root))
         stack.callback(monitor.close)  # after the watcher's thread stopped
         usage = UsageSampler(monitor, bus, interval=settings.usage_interval, timeout=settings.request_timeout)
@@ -103,7 +108,8 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
             supervisor.spawn(handlers.reconcile_forever(settings.identity_check_period), "identity-check")
         await handlers.serve()
         yield AllocatorService(ledger=ledger, handlers=handlers, relay=relay, supervisor=supervisor, health=health,
-                               usage=usage, metrics=metrics, metrics_server=server)
+                               usage=usage, metrics=metrics, metrics_server=server,
+                               checkpointer=checkpointer)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -44,6 +44,10 @@ FACES: dict[str, tuple[str, ...] | None] = {
         "reuse_view", "topology", "without",
     ),
     "libs.store": ("EventLog", "create_schema", "iter_events", "open_reader", "replay", "seq_at_time"),
+    "libs.witness": (
+        "AddCheckpoint", "Checkpoint", "CompactRange", "FileWitnessStore", "NoteError", "ProofError", "SignedNote",
+        "Signer", "Verifier", "Witness", "WitnessReply", "WitnessState", "WitnessStore",
+    ),
     "libs.vcuda": (
         "SIZE", "VcudaClientError", "VcudaConfig", "config_for", "decode", "encode", "parse_driver_version",
         "register_vdevice",
