@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import sqlalchemy.exc
-from sqlalchemy import create_engine, insert, select
+from sqlalchemy import Connection, create_engine, insert, select
 
 from libs.errors import StartRefused, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
 from libs.store.queries import LogQueries
 from libs.store.replay import replay, unreadable
-from libs.store.schema import LOG_FORMAT_VERSION, meta, metadata
+from libs.store.schema import ARCHIVE_TRIGGERS, LOG_FORMAT_VERSION, meta, metadata
 from libs.store.writer import LogWriter, connect
 
 __all__ = ["EventLog", "create_schema", "writer_lock"]
@@ -46,10 +46,25 @@ def create_schema(path: Path) -> None:
                 conn.execute(insert(meta).values(key="format", value=LOG_FORMAT_VERSION))
             elif found != LOG_FORMAT_VERSION:
                 raise StoreError(f"{path} is log format {found}; this gpuledger reads {LOG_FORMAT_VERSION}")
+            _guard_archiving(conn)
     except sqlalchemy.exc.DatabaseError as exc:
         raise unreadable(path, exc.orig) from exc  # type: ignore[arg-type]
     finally:
         engine.dispose()
+
+
+def _guard_archiving(conn: Connection) -> None:
+    """The archive catalog's triggers, and DELETE allowed only for archived rows (schema.py).
+
+    A log written before archiving existed has an unconditional DELETE trigger: it is replaced, in
+    the same transaction, by the guarded one (still refusing every DELETE until a segment is recorded).
+    """
+    old = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_no_delete'")
+    sql = old.scalar()
+    if sql is not None and "archive_segments" not in sql:
+        conn.exec_driver_sql("DROP TRIGGER events_no_delete")
+    for ddl in ARCHIVE_TRIGGERS:
+        conn.exec_driver_sql(ddl)
 
 
 def writer_lock(path: Path) -> int:
