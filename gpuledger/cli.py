@@ -15,6 +15,7 @@ from gpuledger.audit_cmd import audit, history, import_checkpoint
 from gpuledger.demo_runtime import RUNTIMES, demo_runtime
 from gpuledger.gpu_cmd import gpu
 from gpuledger.health_cmd import health
+from gpuledger.log_cmd import log
 from gpuledger.options import agent_options, log_options, settings_from
 from gpuledger.simulate_cmd import simulate
 from gpuledger.status_cmd import status
@@ -176,7 +177,7 @@ def gen_protos() -> None:
 
 
 # Commands that live in their own modules.
-for _command in (status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client):
+for _command in (status, gpu, simulate, health, history, audit, import_checkpoint, gpu_client, log):
     main.add_command(_command)
 main.add_command(gpu_client, name="vcuda-client")  # the old name
 

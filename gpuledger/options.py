@@ -119,6 +119,11 @@ def agent_options(fn: F) -> F:
         _opt("--extra-config", env="GPULEDGER_EXTRA_CONFIG", default="",
              help='gpu-manager\'s extra config JSON ({"default": {"devices": [...]}}): device nodes added to '
                   "every Allocate response."),
+        # Bounded log growth
+        _opt("--log-retention", "log_retention_events", env="GPULEDGER_LOG_RETENTION_EVENTS",
+             type=click.IntRange(0), default=0, show_default=True,
+             help="Keep this many events in the live log and move older ones into compressed archive segments "
+                  "(still read by replay, events, history and audit verify); 0: never archive by itself."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
