@@ -47,6 +47,7 @@ class AllocatorService:
     health: HealthWatcher
     usage: UsageSampler
     metrics: AllocatorMetrics
+    archiver: Archiver
     metrics_server: MetricsServer | None = None  # None when metrics are off
 
 
@@ -111,7 +112,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         await archiver.serve(bus)
         await handlers.serve()
         yield AllocatorService(ledger=ledger, handlers=handlers, relay=relay, supervisor=supervisor, health=health,
-                               usage=usage, metrics=metrics, metrics_server=server)
+                               usage=usage, metrics=metrics, archiver=archiver, metrics_server=server)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
