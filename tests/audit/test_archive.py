@@ -256,3 +256,19 @@ async def test_retention_archives_by_itself(nats_server: NatsServer, short_dir: 
         finally:
             task.cancel()
     assert verify_log(settings.log_path).ok
+
+
+async def test_a_stream_rebuilt_after_archiving_starts_where_the_live_log_starts(
+    nats_server: NatsServer, short_dir: Path
+) -> None:
+    settings = Settings(node_name="n1", state_dir=str(short_dir / "state"), nats_url=nats_server.url, gpus="fake")
+    write_log(settings.log_path, synthetic(EVENTS), progress=False)
+    archive_prefix(settings.log_path, 2_000)
+    async with allocator_app.service(settings) as svc:  # this broker has no stream for the node: rebuilt
+        last = svc.handlers.state.seq
+        await svc.relay.wait_published(last, timeout=30)
+        bus = svc.relay.bus
+        info = await bus.js.stream_info(bus.subjects.stream)
+        assert (info.state.first_seq, info.state.last_seq) == (2_001, last)  # stream seq == log seq
+        msg = await bus.js.get_msg(bus.subjects.stream, 2_001)
+        assert b'"seq":2001' in msg.data
