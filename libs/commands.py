@@ -21,9 +21,9 @@ from libs.ledger.state import LedgerSnapshot
 
 __all__ = [
     "AllocateReply",
+    "AllocateRequest",
     "ArchiveReply",
     "ArchiveRequest",
-    "AllocateRequest",
     "InventoryReply",
     "InventoryRequest",
     "PodChanged",

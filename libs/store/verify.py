@@ -113,7 +113,8 @@ class _Chain:
         seq, at, stored_hash = row[0], row[1], row[-1]
         assert isinstance(seq, int) and isinstance(at, int)
         if seq != self.expected_seq:
-            _bad(self.report, self.expected_seq, f"seq {self.expected_seq} is missing in {where} (next row is seq {seq})")
+            _bad(self.report, self.expected_seq,
+                 f"seq {self.expected_seq} is missing in {where} (next row is seq {seq})")
             return False
         if at < self.last_at:
             _bad(self.report, seq, f"recorded_at goes backwards in {where}: rows were reordered or edited")

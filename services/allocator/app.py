@@ -1,6 +1,7 @@
-"""Allocator composition root: log (a half-done archive finished) -> replayed state -> the ledger (the one writer) -> GPU inventory ->
-NATS handlers -> outbox relay -> GPU health and usage -> metrics, plus the kubelet's pod-resources
-client (pod identity) and the API client (extender annotations)."""
+"""Allocator composition root: log (a half-done archive finished) -> replayed state -> the ledger (the
+one writer) -> GPU inventory -> NATS handlers -> outbox relay -> archiver -> GPU health and usage ->
+metrics, plus the kubelet's pod-resources client (pod identity) and the API client (extender
+annotations)."""
 
 from __future__ import annotations
 
