@@ -135,7 +135,7 @@ def replay(
     upto_time: int | None = None,
 ) -> int:
     """Feed every event in (after_seq, upto] to ``fold``; return the last seq fed (or after_seq)."""
-    conn = open_reader(path, from_seq=after_seq + 1 if upto_time is None else 1)
+    conn = open_reader(path, from_seq=after_seq + 1)
     try:
         upto_seq = last_seq_wanted(conn, upto_seq, upto_time)
         last = after_seq

@@ -20,7 +20,7 @@ from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.events.schema import InventoryRecorded
 from libs.ledger.timeline import gpu_history, pod_history
-from libs.store import EventLog
+from libs.store import EventLog, create_schema
 from libs.store.archive import InjectedCrash, archive_dir, archive_prefix, catalog, finish
 from libs.store.replay import iter_rows, open_reader
 from libs.store.rows import GENESIS_HASH
@@ -272,3 +272,25 @@ async def test_a_stream_rebuilt_after_archiving_starts_where_the_live_log_starts
         assert (info.state.first_seq, info.state.last_seq) == (2_001, last)  # stream seq == log seq
         msg = await bus.js.get_msg(bus.subjects.stream, 2_001)
         assert b'"seq":2001' in msg.data
+
+
+def test_a_log_written_before_archiving_existed_gets_the_guarded_trigger(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    write_log(path, synthetic(100), progress=False)
+    conn = sqlite3.connect(path, isolation_level=None)
+    for trigger in ("events_no_delete", "archive_segments_no_update", "archive_segments_no_delete",
+                    "archive_segments_contiguous"):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DROP TABLE archive_segments")
+    conn.execute("""CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+                    BEGIN SELECT RAISE(ABORT, 'events is append-only: DELETE refused'); END""")  # as it was
+    conn.close()
+    assert _rows(path)  # readers take a log without a catalog as it is
+
+    create_schema(path)  # what the allocator's start does
+    conn = sqlite3.connect(path, isolation_level=None)
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        conn.execute("DELETE FROM events WHERE seq = 1")
+    conn.close()
+    assert archive_prefix(path, 50) is not None
+    assert _live(path) == (51, 100) and verify_log(path).ok
