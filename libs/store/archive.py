@@ -464,7 +464,6 @@ def materialize(log_path: Path, segments: list[Segment]) -> Path:
                         conn.execute("INSERT INTO main.events SELECT * FROM part.events")
                     finally:
                         conn.execute("DETACH part")
-            conn.execute("CREATE INDEX events_time ON events (recorded_at)")
         finally:
             conn.close()
     except BaseException:

@@ -85,9 +85,28 @@ def unreadable(path: Path | str, exc: sqlite3.DatabaseError) -> StoreError:
 
 
 def seq_at_time(conn: sqlite3.Connection, time_ns: int) -> int:
-    """The last seq recorded at or before ``time_ns`` (0 when none)."""
-    row = conn.execute("SELECT MAX(seq) FROM events WHERE recorded_at <= ?", (time_ns,)).fetchone()
-    return int(row[0] or 0)
+    """The last seq recorded at or before ``time_ns`` (0 when none).
+
+    A binary search by seq: ``recorded_at`` never goes backwards (a trigger refuses it, verify checks
+    it), and lookups by seq are what archived rows are indexed by (no time index to build for them).
+    """
+    first = conn.execute("SELECT seq FROM events ORDER BY seq LIMIT 1").fetchone()
+    if first is None:
+        return 0
+    lo, hi = first[0], conn.execute("SELECT seq FROM events ORDER BY seq DESC LIMIT 1").fetchone()[0]
+
+    def at(seq: int) -> int:
+        return conn.execute("SELECT recorded_at FROM events WHERE seq = ?", (seq,)).fetchone()[0]
+
+    if at(lo) > time_ns:
+        return 0
+    while lo < hi:  # invariant: at(lo) <= time_ns
+        mid = (lo + hi + 1) // 2
+        if at(mid) <= time_ns:
+            lo = mid
+        else:
+            hi = mid - 1
+    return int(lo)
 
 
 def iter_rows(
