@@ -294,3 +294,17 @@ def test_a_log_written_before_archiving_existed_gets_the_guarded_trigger(tmp_pat
     conn.close()
     assert archive_prefix(path, 50) is not None
     assert _live(path) == (51, 100) and verify_log(path).ok
+
+
+async def test_the_allocator_finishes_a_half_done_archive_before_it_replays(
+    nats_server: NatsServer, short_dir: Path
+) -> None:
+    settings = Settings(node_name="n1", state_dir=str(short_dir / "state"), nats_url=nats_server.url, gpus="fake")
+    write_log(settings.log_path, synthetic(EVENTS), progress=False)
+    with pytest.raises(InjectedCrash):
+        archive_prefix(settings.log_path, 2_000, fail_after="segment")  # the file is written, nothing recorded
+    async with allocator_app.service(settings) as svc:
+        assert svc.handlers.state.seq == EVENTS + 1  # the whole history folded, nothing twice
+        assert _live(settings.log_path)[0] == 2_001
+    report = verify_log(settings.log_path)
+    assert report.ok and report.segments == 1 and report.events == EVENTS + 1
