@@ -78,7 +78,7 @@ def _line(stored: StoredEvent, as_json: bool) -> str:
 
 
 def _read(path: Path, after: int) -> Iterator[StoredEvent]:
-    conn = open_reader(path)
+    conn = open_reader(path, from_seq=after + 1)  # archive segments only when they hold seqs after ``after``
     try:
         yield from iter_events(conn, after_seq=after)
     finally:

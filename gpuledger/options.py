@@ -143,6 +143,11 @@ def agent_options(fn: F) -> F:
              "events (0: never)."),
         _opt("--checkpoint-interval", env="GPULEDGER_CHECKPOINT_INTERVAL", type=float, default=60.0,
              show_default=True, help="...and at least every this many seconds while the log grew."),
+        # Bounded log growth
+        _opt("--log-retention", "log_retention_events", env="GPULEDGER_LOG_RETENTION_EVENTS",
+             type=click.IntRange(0), default=0, show_default=True,
+             help="Keep this many events in the live log and move older ones into compressed archive segments "
+                  "(still read by replay, events, history and audit verify); 0: never archive by itself."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)

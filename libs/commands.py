@@ -7,6 +7,7 @@
     allocator  --watchdog.pods-->       watchdog    (pending pods, for matching an Allocate to a pod)
     vmanager   --watchdog.pods-->       watchdog    (container id -> name)
     anyone     --allocator.state-->     allocator   (the folded state, for checks and tools)
+    anyone     --allocator.archive-->   allocator   (move older events into archive segments)
     watchdog   ==pod.<verb>==>          anyone      (pod lifecycle notifications, PodChanged)
 """
 
@@ -21,6 +22,8 @@ from libs.ledger.state import LedgerSnapshot
 __all__ = [
     "AllocateReply",
     "AllocateRequest",
+    "ArchiveReply",
+    "ArchiveRequest",
     "InventoryReply",
     "InventoryRequest",
     "PodChanged",
@@ -83,6 +86,23 @@ class InventoryRequest(msgspec.Struct):
 class InventoryReply(msgspec.Struct, kw_only=True):
     inventory: InventoryRecorded
     share_mode: bool
+
+
+class ArchiveRequest(msgspec.Struct, kw_only=True):
+    """Archive the events recorded before ``before`` (unix ns) and/or all but the newest ``keep_events``
+    (both given: the fewer); 0 = that bound is not given, and one of them must be."""
+
+    before: int = 0
+    keep_events: int = 0
+
+
+class ArchiveReply(msgspec.Struct, kw_only=True):
+    archived: int            # events moved into the new segment (0: nothing to archive)
+    file: str = ""           # the new segment's file name, in <state-dir>/ledger.archive/
+    first_seq: int = 0
+    last_seq: int = 0
+    live_first_seq: int = 0  # the live log now starts here
+    note: str = ""           # why fewer events than asked were archived
 
 
 class StateRequest(msgspec.Struct):

@@ -85,6 +85,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cluster_name: str = "default"
     checkpoint_every: int = 1000
     checkpoint_interval: float = 60.0
+    # Bounded log growth: keep this many events in the live log; the allocator moves older ones into
+    # compressed archive segments (libs/store/archive.py) as it goes. 0: never archive by itself.
+    log_retention_events: int = 0
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -121,6 +124,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise msgspec.ValidationError("fleet_silent_after must be positive")
         if self.identity_check_period < 0:
             raise msgspec.ValidationError("identity_check_period must not be negative")
+        if self.log_retention_events < 0:
+            raise msgspec.ValidationError("log_retention_events must be 0 (keep everything live) or positive")
 
     @property
     def log_path(self) -> Path:

@@ -185,19 +185,28 @@ class Relay:
                 f"stream event {theirs}): histories forked")
 
     async def _rebuild(self, cause: str, stream_last: int) -> None:
-        """Replace the stream by one republished from the log, from seq 1; tell subscribers."""
+        """Replace the stream by one republished from the log, from seq 1; tell subscribers.
+
+        When older events were archived (libs/store/archive.py), the live log starts later: the new
+        stream then starts at that seq (``first_seq``), so stream seq == log seq still holds and the
+        archived events are read from the archive."""
         subjects, js = self.bus.subjects, self.bus.js
         at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         _logger.error("rebuilding the event stream from the log", stream=subjects.stream, cause=cause,
                    log_last_seq=self.event_log.last_seq, stream_last_seq=stream_last)
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(subjects.stream)
-        await js.add_stream(_stream_config(self.bus, {REBUILT_METADATA: f"{at} {cause}"}))
+        oldest = await self.event_log.read_after(0, 1)
+        first = oldest[0].seq if oldest else 1
+        config = _stream_config(self.bus, {REBUILT_METADATA: f"{at} {cause}"})
+        if first > 1:
+            config.first_seq = first
+        await js.add_stream(config)
         self.rebuilds += 1
         notice = StreamRebuilt(node=subjects.node, stream=subjects.stream, cause=cause,
                                log_last_seq=self.event_log.last_seq, stream_last_seq_before=stream_last, at=at)
         await self.bus.publish(rebuilt_subject(self.bus), notice)
-        self.published = 0
+        self.published = first - 1
         self._synced.set()
         self._wake.set()
 

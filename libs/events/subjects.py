@@ -81,6 +81,10 @@ class Subjects:
         return self._cmd("allocator", "state")
 
     @property
+    def archive(self) -> str:
+        return self._cmd("allocator", "archive")
+
+    @property
     def pods(self) -> str:
         return self._cmd("watchdog", "pods")
 

@@ -86,7 +86,7 @@ def code_rev() -> str:
 
 
 def _hash_at(log_path: Path, seq: int) -> bytes | None:
-    conn = open_reader(log_path)
+    conn = open_reader(log_path, from_seq=seq)  # the live log holds it when the snapshot is recent
     try:
         row = conn.execute("SELECT hash FROM events WHERE seq = ?", (seq,)).fetchone()
         return row[0] if row else None

@@ -15,6 +15,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from libs.errors import StartRefused, StoreError
 from libs.events.codec import StoredEvent
@@ -23,6 +24,9 @@ from libs.store.format import LOG_FORMAT_VERSION
 from libs.store.queries import LogQueries
 from libs.store.replay import replay, unreadable
 from libs.store.writer import LogWriter, connect
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 __all__ = ["EventLog", "create_schema", "writer_lock"]
 
@@ -33,7 +37,7 @@ def create_schema(path: Path) -> None:
     try:
         conn = connect(path)  # WAL is persistent: set it before SQLAlchemy opens the file
         try:
-            if _format_of(conn) == LOG_FORMAT_VERSION:
+            if _format_of(conn) == LOG_FORMAT_VERSION and _archiving_guarded(conn):
                 return  # created before, in this format: nothing to do, and no SQLAlchemy to load
         finally:
             conn.close()
@@ -43,7 +47,7 @@ def create_schema(path: Path) -> None:
     import sqlalchemy.exc
     from sqlalchemy import create_engine, insert, select
 
-    from libs.store.schema import meta, metadata
+    from libs.store.schema import ARCHIVE_TRIGGERS, meta, metadata
 
     engine = create_engine(f"sqlite:///{path}")
     try:
@@ -54,6 +58,7 @@ def create_schema(path: Path) -> None:
                 conn.execute(insert(meta).values(key="format", value=LOG_FORMAT_VERSION))
             elif found != LOG_FORMAT_VERSION:
                 raise StoreError(f"{path} is log format {found}; this gpuledger reads {LOG_FORMAT_VERSION}")
+            _guard_archiving(conn, ARCHIVE_TRIGGERS)
     except sqlalchemy.exc.DatabaseError as exc:
         raise unreadable(path, exc.orig) from exc  # type: ignore[arg-type]
     finally:
@@ -66,6 +71,28 @@ def _format_of(conn: sqlite3.Connection) -> str | None:
         return None
     row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
     return row[0] if row else None
+
+
+def _archiving_guarded(conn: sqlite3.Connection) -> bool:
+    """Whether the log already has the archive catalog and the guarded DELETE trigger (else migrate)."""
+    row = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_no_delete'").fetchone()
+    has_catalog = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'archive_segments'").fetchone() is not None
+    return has_catalog and row is not None and "archive_segments" in row[0]
+
+
+def _guard_archiving(conn: Connection, triggers: Sequence[str]) -> None:
+    """The archive catalog's triggers, and DELETE allowed only for archived rows (schema.py).
+
+    A log written before archiving existed has an unconditional DELETE trigger: it is replaced, in
+    the same transaction, by the guarded one (still refusing every DELETE until a segment is recorded).
+    """
+    old = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_no_delete'")
+    sql = old.scalar()
+    if sql is not None and "archive_segments" not in sql:
+        conn.exec_driver_sql("DROP TRIGGER events_no_delete")
+    for ddl in triggers:
+        conn.exec_driver_sql(ddl)
 
 
 def writer_lock(path: Path) -> int:

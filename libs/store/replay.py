@@ -3,6 +3,13 @@
 Measured on this kind of machine at about a million events a second (eventlog-and-bus.md 2.3);
 SQLAlchemy streaming is 3x slower and the ORM 27x, so rebuilding state never goes through them.
 Reads run in chunks inside one read transaction, which sees a consistent snapshot of the log.
+
+Archived events (archive.py) are read transparently: ``open_reader`` gives a connection on which the
+name ``events`` is a temporary view over the recorded archive segments (decompressed into one
+temporary file, attached read-only and already unlinked) followed by the live log, so every query of
+``events`` (scans in seq order, lookups by seq, by time) sees the whole history. A reader that only
+needs seqs from ``from_seq`` on (a snapshot's tail) decompresses only the segments that reach it, and
+none when the live log holds them all.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 
 from libs.errors import StoreError
 from libs.events.codec import StoredEvent
+from libs.store.archive import catalog, materialize
 from libs.store.rows import COLUMNS, row_to_stored
 
 __all__ = ["iter_events", "iter_rows", "last_seq_wanted", "open_reader", "replay", "restore_hint", "seq_at_time",
@@ -24,18 +32,48 @@ __all__ = ["iter_events", "iter_rows", "last_seq_wanted", "open_reader", "replay
 CHUNK = 1_000
 
 
-def open_reader(path: Path) -> sqlite3.Connection:
-    """A read-only connection; refuses to create a log that is not there."""
+_VIEW_COLUMNS = f"{COLUMNS}, hash"
+
+
+def open_reader(path: Path, *, from_seq: int = 1, archives: bool = True) -> sqlite3.Connection:
+    """A read-only connection; refuses to create a log that is not there.
+
+    With ``archives`` (the default), ``events`` spans the archive segments and the live log (the
+    segments needed for seqs >= ``from_seq``); without, it is the live file's own table (verify).
+    """
     if not path.exists():
         raise StoreError(f"no event log at {path}: has the allocator run with this --state-dir?")
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
     try:
         conn.execute("PRAGMA busy_timeout=5000")
         conn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
+        if archives:
+            _span_archives(conn, path, from_seq)
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise unreadable(path, exc) from exc
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _span_archives(conn: sqlite3.Connection, path: Path, from_seq: int) -> None:
+    segments = catalog(conn)
+    if not segments:
+        return
+    archived = segments[-1].last_seq  # live rows up to here are duplicates a crash left: not read twice
+    live = f"SELECT {_VIEW_COLUMNS} FROM main.events WHERE seq > {archived}"
+    wanted = [s for s in segments if s.last_seq >= from_seq]
+    if not wanted:
+        conn.execute(f"CREATE TEMP VIEW events AS {live}")
+        return
+    plain = materialize(path, wanted)
+    try:
+        conn.execute("ATTACH ? AS archived", (f"file:{plain}?mode=ro&immutable=1",))
+    finally:
+        plain.unlink(missing_ok=True)  # the open file stays readable; nothing is left behind
+    conn.execute(f"CREATE TEMP VIEW events AS SELECT {_VIEW_COLUMNS} FROM archived.events UNION ALL {live}")
 
 
 def unreadable(path: Path | str, exc: sqlite3.DatabaseError) -> StoreError:
@@ -52,9 +90,28 @@ def restore_hint(path: Path | str) -> str:
 
 
 def seq_at_time(conn: sqlite3.Connection, time_ns: int) -> int:
-    """The last seq recorded at or before ``time_ns`` (0 when none)."""
-    row = conn.execute("SELECT MAX(seq) FROM events WHERE recorded_at <= ?", (time_ns,)).fetchone()
-    return int(row[0] or 0)
+    """The last seq recorded at or before ``time_ns`` (0 when none).
+
+    A binary search by seq: ``recorded_at`` never goes backwards (a trigger refuses it, verify checks
+    it), and lookups by seq are what archived rows are indexed by (no time index to build for them).
+    """
+    first = conn.execute("SELECT seq FROM events ORDER BY seq LIMIT 1").fetchone()
+    if first is None:
+        return 0
+    lo, hi = first[0], conn.execute("SELECT seq FROM events ORDER BY seq DESC LIMIT 1").fetchone()[0]
+
+    def at(seq: int) -> int:
+        return conn.execute("SELECT recorded_at FROM events WHERE seq = ?", (seq,)).fetchone()[0]
+
+    if at(lo) > time_ns:
+        return 0
+    while lo < hi:  # invariant: at(lo) <= time_ns
+        mid = (lo + hi + 1) // 2
+        if at(mid) <= time_ns:
+            lo = mid
+        else:
+            hi = mid - 1
+    return int(lo)
 
 
 def iter_rows(
@@ -102,7 +159,7 @@ def replay(
     upto_time: int | None = None,
 ) -> int:
     """Feed every event in (after_seq, upto] to ``fold``; return the last seq fed (or after_seq)."""
-    conn = open_reader(path)
+    conn = open_reader(path, from_seq=after_seq + 1)
     try:
         upto_seq = last_seq_wanted(conn, upto_seq, upto_time)
         last = after_seq

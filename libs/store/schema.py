@@ -1,7 +1,10 @@
 """The allocation log's tables, declared once with SQLAlchemy Core.
 
 The invariants are enforced by SQLite itself, not only by our writer:
-- append-only: UPDATE and DELETE on ``events`` abort;
+- append-only: UPDATE on ``events`` aborts, and so does DELETE, except of the oldest row when an archive
+  segment recorded in ``archive_segments`` already holds it (how archiving moves a prefix out, see
+  libs/store/archive.py); ``archive_segments`` itself is append-only and contiguous, and a segment can
+  only be recorded if its last hash is the live log's hash at its last seq;
 - dense ``seq``: a row must take exactly max(seq) + 1;
 - time never goes backwards: ``recorded_at`` >= the previous row's.
 Each row also carries ``hash`` = sha256(previous hash || this row), chaining the log so that an
@@ -25,7 +28,7 @@ from sqlalchemy import (
 
 from libs.store.format import LOG_FORMAT_VERSION
 
-__all__ = ["LOG_FORMAT_VERSION", "events", "meta", "metadata"]
+__all__ = ["ARCHIVE_TRIGGERS", "LOG_FORMAT_VERSION", "archive_segments", "events", "meta", "metadata"]
 
 metadata = MetaData()
 
@@ -56,11 +59,48 @@ meta = Table(
     sqlite_strict=True,
 )
 
+# The catalog of archive segments (libs/store/archive.py): one row per segment, in seq order. It is
+# what lets rows leave the live log, and what ``audit verify`` checks the segment files against.
+archive_segments = Table(
+    "archive_segments",
+    metadata,
+    Column("first_seq", Integer, primary_key=True, autoincrement=False),
+    Column("last_seq", Integer, nullable=False),
+    Column("first_at", Integer, nullable=False),   # recorded_at of the first and last rows (unix ns)
+    Column("last_at", Integer, nullable=False),
+    Column("prev_hash", LargeBinary, nullable=False),  # the chain hash before first_seq
+    Column("last_hash", LargeBinary, nullable=False),  # the chain hash at last_seq
+    Column("file", Text, nullable=False),
+    Column("sha256", LargeBinary, nullable=False),     # of the compressed file, as written
+    Column("archived_at", Integer, nullable=False),
+    sqlite_strict=True,
+)
+
+# Guards on the catalog and the one controlled way out of ``events``. DELETE is allowed only for the
+# oldest row, and only when a recorded segment covers it: a prefix, never a row in the middle, never
+# a row no segment holds. Everything else still aborts, whoever writes.
+ARCHIVE_TRIGGERS = (
+    """CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+       WHEN OLD.seq > COALESCE((SELECT MAX(last_seq) FROM archive_segments), 0)
+         OR OLD.seq IS NOT (SELECT MIN(seq) FROM events)
+       BEGIN SELECT RAISE(ABORT, 'events is append-only: DELETE refused (only the oldest rows, once an archive \
+segment holds them)'); END""",
+    """CREATE TRIGGER IF NOT EXISTS archive_segments_no_update BEFORE UPDATE ON archive_segments
+       BEGIN SELECT RAISE(ABORT, 'archive_segments is append-only: UPDATE refused'); END""",
+    """CREATE TRIGGER IF NOT EXISTS archive_segments_no_delete BEFORE DELETE ON archive_segments
+       BEGIN SELECT RAISE(ABORT, 'archive_segments is append-only: DELETE refused'); END""",
+    """CREATE TRIGGER IF NOT EXISTS archive_segments_contiguous BEFORE INSERT ON archive_segments
+       WHEN NEW.first_seq IS NOT COALESCE((SELECT MAX(last_seq) FROM archive_segments), 0) + 1
+         OR NEW.last_seq < NEW.first_seq
+         OR NEW.last_seq >= (SELECT MAX(seq) FROM events)
+         OR NEW.last_hash IS NOT (SELECT hash FROM events WHERE seq = NEW.last_seq)
+       BEGIN SELECT RAISE(ABORT, 'an archive segment must continue the last one, end before the live log''s \
+last row and end on its hash'); END""",
+)
+
 _TRIGGERS = (
     """CREATE TRIGGER events_no_update BEFORE UPDATE ON events
        BEGIN SELECT RAISE(ABORT, 'events is append-only: UPDATE refused'); END""",
-    """CREATE TRIGGER events_no_delete BEFORE DELETE ON events
-       BEGIN SELECT RAISE(ABORT, 'events is append-only: DELETE refused'); END""",
     """CREATE TRIGGER events_dense_seq BEFORE INSERT ON events
        WHEN NEW.seq IS NOT (SELECT COALESCE(MAX(seq), 0) + 1 FROM events)
        BEGIN SELECT RAISE(ABORT, 'events.seq must be max(seq) + 1'); END""",

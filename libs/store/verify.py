@@ -6,6 +6,10 @@ Checks, in one read transaction:
 - ``recorded_at`` never goes backwards;
 - every row's ``hash`` is sha256(previous hash || the row), so an edited row, or a row moved or
   removed before it, breaks the chain at the first row touched: that seq is reported.
+- the archive segments (archive.py) come first, in the catalog's order: each file must be there, have
+  the sha256 recorded when it was written (an edited, replaced or swapped segment is named), hold the
+  rows its catalog entry says, chain from the previous segment's last hash (the first from genesis)
+  and end on the recorded hash; the live log's rows then chain from the last segment's hash;
 - optionally, the chain reaches what a snapshot recorded (``expect``: seq + hash), which catches
   rows cut off the end, the one change a chain cannot see from inside.
 
@@ -27,6 +31,7 @@ from pathlib import Path
 import msgspec
 
 from libs.errors import StoreError
+from libs.store.archive import SUFFIX, Segment, archive_dir, catalog, file_sha256, segment_rows
 from libs.store.replay import iter_rows, open_reader
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash
 
@@ -41,6 +46,8 @@ class Report(msgspec.Struct, kw_only=True):
     head_hash: str = ""             # hex hash of the last intact row: quote it to pin the log's state
     first_bad_seq: int | None = None
     problem: str = ""
+    segments: int = 0               # archive segments checked (their events are counted in ``events``)
+    bad_segment: str = ""           # the segment file the problem is in, when it is in the archive
     notes: list[str] = msgspec.field(default_factory=list)
 
 
@@ -55,13 +62,23 @@ def verify_log(
     if wal.exists() and wal.stat().st_size:
         report.notes.append(f"{wal.name} holds {wal.stat().st_size} bytes not yet checkpointed: SQLite reads "
                             "its committed transactions and ignores a torn or garbage tail")
-    conn = open_reader(path)
+    conn = open_reader(path, archives=False)
     try:
         _check_pages(conn, path, report)
         if not report.ok:
             return report
-        prev, expected_seq, last_at = GENESIS_HASH, 1, 0
-        for row in iter_rows(conn, f"{COLUMNS}, hash"):
+        chain = _Chain(report, progress)
+        segments = catalog(conn)
+        for seg in segments:
+            if not _verify_segment(path, seg, chain):
+                return report
+        _stray_files(path, segments, report)
+        archived = segments[-1].last_seq if segments else 0
+        if archived and conn.execute("SELECT 1 FROM events WHERE seq <= ?", (archived,)).fetchone():
+            report.notes.append(f"the live log still holds rows up to seq {archived} that a segment holds (an "
+                                "archive was stopped before it removed them): the allocator's next start does")
+        prev, expected_seq, last_at = chain.prev, chain.expected_seq, chain.last_at
+        for row in iter_rows(conn, f"{COLUMNS}, hash", after_seq=archived):
             seq, at, stored_hash = row[0], row[1], row[-1]
             if seq != expected_seq:
                 return _bad(report, expected_seq, f"seq {expected_seq} is missing (next row is seq {seq}): "
@@ -83,6 +100,80 @@ def verify_log(
         return _bad(report, report.last_seq + 1, f"SQLite cannot read the file past seq {report.last_seq}: {exc}")
     finally:
         conn.close()
+
+
+class _Chain:
+    """Where the chain check stands: the hash, the next seq and the last time seen."""
+
+    def __init__(self, report: Report, progress: Callable[[int], None] | None) -> None:
+        self.report, self.progress = report, progress
+        self.prev, self.expected_seq, self.last_at = GENESIS_HASH, 1, 0
+
+    def row(self, row: tuple[object, ...], where: str) -> bool:
+        seq, at, stored_hash = row[0], row[1], row[-1]
+        assert isinstance(seq, int) and isinstance(at, int)
+        if seq != self.expected_seq:
+            _bad(self.report, self.expected_seq,
+                 f"seq {self.expected_seq} is missing in {where} (next row is seq {seq})")
+            return False
+        if at < self.last_at:
+            _bad(self.report, seq, f"recorded_at goes backwards in {where}: rows were reordered or edited")
+            return False
+        self.prev = chain_hash(self.prev, row[:-1])
+        if self.prev != stored_hash:
+            _bad(self.report, seq, f"hash does not match the row in {where}: it was edited, or rows before it were "
+                                   "removed, inserted or reordered")
+            return False
+        self.report.events, self.report.last_seq, self.report.head_hash = self.report.events + 1, seq, self.prev.hex()
+        self.expected_seq, self.last_at = seq + 1, at
+        if self.progress is not None and seq % 100_000 == 0:
+            self.progress(seq)
+        return True
+
+
+def _verify_segment(log_path: Path, seg: Segment, chain: _Chain) -> bool:
+    report = chain.report
+    path = archive_dir(log_path) / seg.file
+    where = f"archive segment {seg.file}"
+
+    def bad(seq: int, problem: str) -> bool:
+        _bad(report, seq, problem)
+        report.bad_segment = seg.file
+        return False
+
+    if seg.first_seq != chain.expected_seq or seg.prev_hash != chain.prev:
+        return bad(chain.expected_seq, f"{where} (seq {seg.first_seq}..{seg.last_seq}) does not continue the chain "
+                                       f"at seq {chain.expected_seq}: the archive catalog was altered")
+    if not path.exists():
+        return bad(seg.first_seq, f"{where} (seq {seg.first_seq}..{seg.last_seq}) is missing from {path.parent}: "
+                                  "restore it from a backup")
+    if file_sha256(path) != seg.sha256:
+        return bad(seg.first_seq, f"{where} (seq {seg.first_seq}..{seg.last_seq}) was edited or replaced: its "
+                                  "sha256 differs from the one recorded when it was written")
+    try:
+        for header, row in segment_rows(path):
+            if tuple(header) != (seg.first_seq, seg.last_seq, seg.prev_hash, seg.last_hash):
+                return bad(seg.first_seq, f"{where}: its header does not match the catalog")
+            if not chain.row(row, where):
+                report.bad_segment = seg.file
+                return False
+    except (sqlite3.DatabaseError, OSError, StoreError, ImportError) as exc:
+        return bad(chain.expected_seq, f"{where} cannot be read: {exc}")
+    if chain.expected_seq != seg.last_seq + 1 or chain.prev != seg.last_hash:
+        return bad(chain.expected_seq, f"{where} ends before seq {seg.last_seq} or on another hash than recorded")
+    report.segments += 1
+    return True
+
+
+def _stray_files(log_path: Path, segments: list[Segment], report: Report) -> None:
+    folder = archive_dir(log_path)
+    if not folder.is_dir():
+        return
+    known = {s.file for s in segments}
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        if path.name not in known:
+            report.notes.append(f"{path.name} in {folder} is not in the archive catalog (an archive stopped before "
+                                "recording it, or a foreign file): not checked")
 
 
 def _check_pages(conn: sqlite3.Connection, path: Path, report: Report) -> None:
@@ -107,7 +198,7 @@ def _check_expectation(report: Report, expect: tuple[int, bytes]) -> None:
 
 
 def _hash_at(report: Report, seq: int) -> bytes | None:
-    conn = open_reader(Path(report.path))
+    conn = open_reader(Path(report.path), from_seq=seq)
     try:
         row = conn.execute("SELECT hash FROM events WHERE seq = ?", (seq,)).fetchone()
         return row[0] if row else None

@@ -25,6 +25,7 @@ from pathlib import Path
 from libs.errors import AppendOnlyViolation, NoSpace, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
+from libs.store.archive import stream_head
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
 
 __all__ = ["LogWriter"]
@@ -80,6 +81,7 @@ class LogWriter:
         self._last_at = 0
         self._last_hash = GENESIS_HASH
         self._versions: dict[str, int] = {}
+        self._heads: sqlite3.Connection | None = None  # stream heads of archived rows, once there are any
         self._stopped = False
 
     # --- lifecycle ---
@@ -104,8 +106,21 @@ class LogWriter:
         if known is None:
             assert self._conn
             row = self._conn.execute("SELECT MAX(version) FROM events WHERE stream_id = ?", (stream,)).fetchone()
+            if row[0] is None:  # no live row: the stream may have lived only in archived rows
+                row = self._archived_head(stream)
             known = self._versions[stream] = int(row[0] or 0)
         return known
+
+    def _archived_head(self, stream: str) -> tuple[int | None]:
+        if self._heads is None:
+            self._heads = stream_head(self.path)
+            if self._heads is None:
+                return (None,)
+        try:
+            row = self._heads.execute("SELECT version FROM heads WHERE stream_id = ?", (stream,)).fetchone()
+        except sqlite3.OperationalError:  # being created by the first archive right now
+            return (None,)
+        return row or (None,)
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -114,6 +129,9 @@ class LogWriter:
         if self._conn:
             self._conn.close()
             self._conn = None
+        if self._heads:
+            self._heads.close()
+            self._heads = None
         self._stopped = True
 
     # --- the API used on the event loop ---

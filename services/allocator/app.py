@@ -1,6 +1,7 @@
-"""Allocator composition root: log -> replayed state -> the ledger (the one writer) -> GPU inventory ->
-NATS handlers -> outbox relay -> GPU health and usage -> metrics, plus the kubelet's pod-resources
-client (pod identity) and the API client (extender annotations)."""
+"""Allocator composition root: log (a half-done archive finished) -> replayed state -> the ledger (the
+one writer) -> GPU inventory -> NATS handlers -> outbox relay -> archiver -> GPU health and usage ->
+metrics, plus the kubelet's pod-resources client (pod identity) and the API client (extender
+annotations)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from libs.logger import get_logger
 from libs.metrics import MetricsServer
 from libs.runtime import Supervisor
 from libs.store import EventLog
+from libs.store.archive import finish as finish_archive
 from libs.witness.node import Checkpointer, open_checkpointer
+from services.allocator.archiver import Archiver
 from services.allocator.extender import AnnotationWriter
 from services.allocator.extraconfig import default_devices
 from services.allocator.handlers import Allocator
@@ -46,6 +49,7 @@ class AllocatorService:
     health: HealthWatcher
     usage: UsageSampler
     metrics: AllocatorMetrics
+    archiver: Archiver
     metrics_server: MetricsServer | None = None  # None when metrics are off
     checkpointer: Checkpointer | None = None     # None when checkpoint_every is 0
 
@@ -57,6 +61,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         extra_devices = default_devices(settings.extra_config)  # a bad file stops the start, first
         events = await EventLog.open(settings.log_path)
         stack.push_async_callback(events.close)
+        await asyncio.to_thread(finish_archive, settings.log_path)  # a stop mid-archive: finish it first
         restored = await asyncio.to_thread(load_state, settings.log_path)  # snapshot + the log's tail
         state = restored.state
         logger.info("state replayed", seq=state.seq, allocations=len(state.allocations),
@@ -93,6 +98,8 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         checkpointer = open_checkpointer(settings, bus, events)  # signed checkpoints for the outside witness
         if checkpointer is not None:
             supervisor.spawn(checkpointer.run(), "checkpointer")
+        archiver = Archiver(settings.log_path, snapshots, lambda: relay.published,
+                            retention=settings.log_retention_events)
         monitor = await asyncio.to_thread(open_monitor, found, Path(settings.proc_root))
         stack.callback(monitor.close)  # after the watcher's thread stopped
         usage = UsageSampler(monitor, bus, interval=settings.usage_interval, timeout=settings.request_timeout)
@@ -106,9 +113,12 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         supervisor.spawn(pod_cache.resync_forever(_POD_RESYNC, settings.request_timeout), "pod-cache")
         if settings.identity_check_period > 0:
             supervisor.spawn(handlers.reconcile_forever(settings.identity_check_period), "identity-check")
+        if settings.log_retention_events:
+            supervisor.spawn(archiver.retention_forever(lambda: events.last_seq), "log-retention")
+        await archiver.serve(bus)
         await handlers.serve()
         yield AllocatorService(ledger=ledger, handlers=handlers, relay=relay, supervisor=supervisor, health=health,
-                               usage=usage, metrics=metrics, metrics_server=server,
+                               usage=usage, metrics=metrics, archiver=archiver, metrics_server=server,
                                checkpointer=checkpointer)
 
 
