@@ -154,9 +154,10 @@ class Relay:
         try:
             await self.bus.js.stream_info(stream)
         except NotFoundError:
-            # A stream that this log was published to before is lost: its subscribers must hear of it. A
-            # node's first start (its first events committed before the relay ran) simply creates it.
-            if self.event_log.last_seq and self._published_before():
+            # A stream that this log was published to before is lost: its subscribers must hear of it (a
+            # log with archived events was: only published events are archived). A node's first start
+            # (its first events committed before the relay ran) simply creates it.
+            if self.event_log.last_seq and (self._published_before() or await self._archived()):
                 await self._rebuild("the stream is missing (the broker's store was lost or replaced)", 0)
                 return
         info = await ensure_stream(self.bus)  # creates it for a new node, widens its subjects after an upgrade
@@ -193,7 +194,7 @@ class Relay:
         subjects, js = self.bus.subjects, self.bus.js
         at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         _logger.error("rebuilding the event stream from the log", stream=subjects.stream, cause=cause,
-                   log_last_seq=self.event_log.last_seq, stream_last_seq=stream_last)
+                      log_last_seq=self.event_log.last_seq, stream_last_seq=stream_last)
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(subjects.stream)
         oldest = await self.event_log.read_after(0, 1)
@@ -226,6 +227,10 @@ class Relay:
                     self.published = stored.seq
                 self._synced.set()
                 self._note_published()
+
+    async def _archived(self) -> bool:
+        oldest = await self.event_log.read_after(0, 1)
+        return bool(oldest) and oldest[0].seq > 1
 
     def _marker(self) -> Path:
         return Path(f"{self.event_log.path}.published")
