@@ -27,8 +27,10 @@ def free_port() -> int:
 
 
 async def start(args: list[str], state: Path) -> asyncio.subprocess.Process:
-    env = {**os.environ, "GPULEDGER_LOG_FORMAT": "json", "GPULEDGER_STATE_DIR": str(state),
-           "GPULEDGER_NODE_NAME": "node-a"}
+    # Metrics off: fixed ports would collide with any other agent on the machine; these tests are about
+    # starting and stopping.
+    env = {**os.environ, "GPULEDGER_METRICS_PORT": "0", "GPULEDGER_LOG_FORMAT": "json",
+           "GPULEDGER_STATE_DIR": str(state), "GPULEDGER_NODE_NAME": "node-a"}
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gpuledger", *args, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
