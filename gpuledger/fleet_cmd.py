@@ -190,3 +190,80 @@ def join(node: tuple[str, ...], nats_url: str, fleet_credentials: str) -> None:
             await bus.close()
 
     asyncio.run(go())
+
+
+@fleet.command("restore")
+@click.option("--node", required=True, help="The node whose ledger to rebuild from the fleet copy.")
+@click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envvar=True, default=lambda: Settings().state_dir,
+              help="The node's state dir to write (STATE_DIR/ledger.sqlite must not exist).")
+@click.option("--nats-url", envvar="GPULEDGER_NATS_URL", required=True, help="The central cluster's client URLs.")
+@click.option("--fleet-credentials", envvar="GPULEDGER_FLEET_CREDENTIALS", default="",
+              help="YAML user:/password: that may read the fleet stream (the recorder's).")
+@click.option("--recorder-dir", default="", metavar="DIR",
+              help="The recorder's state dir: its SQLite database and witness.pub, unless --db/--witness-key say.")
+@click.option("--db", envvar="GPULEDGER_FLEET_DB", show_envvar=True, default="",
+              help="The recorder's database URL (its witness store) [default: SQLite at RECORDER_DIR/fleet.sqlite].")
+@click.option("--witness-key", default=None, metavar="VKEY|@FILE",
+              help="The witness's verifier key you trust [default: RECORDER_DIR/witness.pub].")
+@click.option("--cluster-name", envvar="GPULEDGER_CLUSTER_NAME", show_envvar=True, default="default",
+              show_default=True, help="The cluster in the node's checkpoint origin, gpuledger/<cluster>/<node>.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+def restore_(node: str, state_dir: str, nats_url: str, fleet_credentials: str, recorder_dir: str, db: str,
+             witness_key: str | None, cluster_name: str, as_json: bool) -> None:
+    """Rebuild NODE's ledger from the fleet stream, checked against the latest checkpoint the recorder
+    cosigned for it; the node's allocator, started on STATE_DIR, goes on from there."""
+    from pathlib import Path
+
+    import nats.errors
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gpuledger.audit_cmd import _key_text
+    from libs.errors import GpuledgerError
+    from libs.witness.node import origin_of
+    from libs.witness.note import NoteError, Verifier
+
+    if not (db and witness_key) and not recorder_dir:
+        raise click.UsageError("give --recorder-dir (or both --db and --witness-key)")
+    try:
+        key = Verifier.parse(_key_text(witness_key or f"@{Path(recorder_dir) / 'witness.pub'}"))
+    except (NoteError, OSError) as exc:
+        raise click.ClickException(f"no usable witness key: {exc}") from exc
+    url = db or f"sqlite:///{Path(recorder_dir) / 'fleet.sqlite'}"
+    if not db and not (Path(recorder_dir) / "fleet.sqlite").exists():
+        raise click.ClickException(f"no recorder database at {Path(recorder_dir) / 'fleet.sqlite'} (give --db)")
+    try:
+        report, skipped = asyncio.run(_restore(node, Path(state_dir), nats_url, fleet_credentials, url, key,
+                                               origin_of(cluster_name, node)))
+    except (GpuledgerError, SQLAlchemyError, nats.errors.Error) as exc:
+        raise click.ClickException(str(exc) or type(exc).__name__) from exc
+    if as_json:
+        _json({**msgspec.to_builtins(report), "skipped": skipped})
+        return
+    print(f"restored {report.events} events of {node} into {report.path}: the first {report.witnessed_size} match the "
+          f"checkpoint the witness cosigned for {report.origin}"
+          + (f", {report.events - report.witnessed_size} after it are not witnessed yet" if
+             report.events > report.witnessed_size else ""))
+    if skipped:
+        print(f"skipped {skipped} messages on {node}'s subjects that did not come from its own stream")
+
+
+async def _restore(node: str, state_dir: Any, nats_url: str, credentials: str, db_url: str, key: Any,
+                   origin: str) -> tuple[Any, int]:
+    from libs.bus import Bus
+    from libs.fleet.credentials import load_credentials, with_credentials
+    from libs.fleet.restore import read_node_records, restore_node
+    from libs.fleet.witness_store import SqlWitnessStore
+
+    creds = load_credentials(credentials) if credentials else None
+    bus = await Bus.connect(with_credentials(nats_url, creds), name="fleet-restore", node="fleet", wait=10)
+    try:
+        copy = await read_node_records(bus.js, node)
+    finally:
+        await bus.close()
+    engine = _engine(db_url, "")
+    try:
+        report = await asyncio.to_thread(restore_node, copy, SqlWitnessStore(engine, create=False), origin,
+                                         state_dir, witness_key=key)
+    finally:
+        engine.dispose()
+    return report, copy.skipped

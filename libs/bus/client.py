@@ -165,7 +165,30 @@ class Bus:
 
         ``on_replied(req)`` runs once a successful reply has been handed to the connection (a caller
         timing its own reply step: encoding and publishing included)."""
+        return await self._serve(subject, req_type, lambda _subject, req: handler(req), queue=queue,
+                                 on_replied=on_replied)
 
+    async def serve_subjects(
+        self,
+        subject: str,
+        req_type: type[Req],
+        handler: Callable[[str, Req], Awaitable[Any]],
+        *,
+        queue: str | None = None,
+    ) -> Subscription:
+        """``serve`` for a wildcard subject whose tokens say who asks: ``handler(subject, req)`` gets the
+        subject each request came on (the server's permissions let a node publish only its own)."""
+        return await self._serve(subject, req_type, handler, queue=queue)
+
+    async def _serve(
+        self,
+        subject: str,
+        req_type: type[Req],
+        handler: Callable[[str, Req], Awaitable[Any]],
+        *,
+        queue: str | None,
+        on_replied: Callable[[Req], None] | None = None,
+    ) -> Subscription:
         async def on_msg(msg: Msg) -> None:
             try:
                 req = msgspec.json.decode(msg.data, type=req_type)
@@ -181,7 +204,7 @@ class Bus:
         async def handle(msg: Msg, req: Any) -> None:
             _logger.debug("request", subject=subject)
             try:
-                rep = await handler(req)
+                rep = await handler(msg.subject, req)
             except ServiceError as exc:
                 await self._reply_error(msg, exc.code, exc.message)
                 return

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from libs.events.subjects import Subjects
 
-__all__ = ["FLEET_ACCOUNT", "FLEET_DOMAIN", "FLEET_STREAM", "RECORDER_USER", "node_domain", "node_user"]
+__all__ = ["FLEET_ACCOUNT", "FLEET_DOMAIN", "FLEET_STREAM", "RECORDER_USER", "SOURCE_HEADER", "node_domain",
+           "node_user", "source_stream"]
 
 FLEET_DOMAIN = "fleet"          # the central cluster's JetStream domain
 FLEET_STREAM = "FLEET"          # the one stream holding every node's committed events
 FLEET_ACCOUNT = "FLEET"         # the account the nodes and the recorder share in the central cluster
 RECORDER_USER = "recorder"
+SOURCE_HEADER = "Nats-Stream-Source"  # NATS's header on a sourced message: "<stream>[:<hash>] <seq> ..."
+
+
+def source_stream(header: str) -> str:
+    """The stream a sourced message came from, by its ``Nats-Stream-Source`` header ("" without one)."""
+    return header.split(" ", 1)[0].split(":", 1)[0]
 
 
 def node_domain(node: str) -> str:

@@ -49,7 +49,17 @@ def node_permissions(node: str) -> dict[str, object]:
     a consumer that pushes the node's events to a delivery subject in the central cluster: the node
     must receive those API requests and publish its events, the consumer's flow-control replies and
     heartbeats back. It may not receive another node's API requests or events, nor use the central
-    JetStream API (which would let it read the fleet stream)."""
+    JetStream API (which would let it read the fleet stream).
+
+    The node also asks the recorder, the witness, to cosign its checkpoints: it publishes its own
+    ``gpuledger.<node>.checkpoint`` and receives the reply on ``_INBOX.>``. For the recorder's queue
+    subscription ``gpuledger.*.checkpoint`` to reach a leaf link at all, the node must be allowed to
+    subscribe to its own checkpoint subject (NATS checks a wildcard interest sent over a leaf link
+    against the allow list in reverse) and no deny may cover it, so the deny list does not name
+    ``gpuledger.*.>``: a client of the node's user may still subscribe to no ``gpuledger`` subject but its
+    own checkpoint subject (the allow list), and a subscription to every ``gpuledger`` subject made on the
+    node's own broker brings no other node's events over the leaf link (``tests/fleet/test_security.py``
+    shows both)."""
     token = Subjects(node).token
     domain = node_domain(node)
     return {
@@ -57,8 +67,9 @@ def node_permissions(node: str) -> dict[str, object]:
             "allow": [f"gpuledger.{token}.>", "$JS.S.>", "$JSC.R.>", "_INBOX.>", "$JS.FC.>", f"$JS.{domain}.>"],
         },
         "subscribe": {
-            "allow": [f"$JS.{domain}.API.>", "$JS.FC.>", "_INBOX.>", "$JSC.R.>", "$JS.S.>", "$JS.ACK.>"],
-            "deny": ["$JS.API.>", f"$JS.{FLEET_DOMAIN}.API.>", "gpuledger.*.>"],
+            "allow": [f"$JS.{domain}.API.>", "$JS.FC.>", "_INBOX.>", "$JSC.R.>", "$JS.S.>", "$JS.ACK.>",
+                      f"gpuledger.{token}.checkpoint"],
+            "deny": ["$JS.API.>", f"$JS.{FLEET_DOMAIN}.API.>"],
         },
     }
 

@@ -23,7 +23,8 @@ from sqlalchemy import (
     Text,
 )
 
-__all__ = ["fleet_events", "fleet_gpus", "fleet_holdings", "fleet_metadata", "fleet_nodes", "fleet_rejected"]
+__all__ = ["fleet_events", "fleet_gpus", "fleet_holdings", "fleet_metadata", "fleet_nodes", "fleet_rejected",
+           "fleet_witness"]
 
 fleet_metadata = MetaData()
 
@@ -103,4 +104,16 @@ fleet_rejected = Table(
     Column("source", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("at", BigInteger, nullable=False),
+)
+
+# The recorder as a witness: per checkpoint origin (gpuledger/<cluster>/<node>) the last size and root it
+# cosigned, the origin's key, and that cosigned checkpoint (libs/fleet/witness_store.py).
+fleet_witness = Table(
+    "fleet_witness", fleet_metadata,
+    Column("origin", String(512), primary_key=True),
+    Column("size", BigInteger, nullable=False),
+    Column("root", String(64), nullable=False),            # hex of the RFC 6962 root
+    Column("origin_key", Text, nullable=False),            # the origin's verifier key (signed-note string)
+    Column("note", Text, nullable=False),                  # the checkpoint at size, with the cosignature
+    Column("updated_at", BigInteger, nullable=False),      # unix ns
 )

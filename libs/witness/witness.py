@@ -52,6 +52,7 @@ __all__ = [
     "WitnessStore",
     "add_checkpoint_body",
     "parse_add_checkpoint",
+    "same_tree",
 ]
 
 MAX_PROOF_LINES = 63  # tlog-witness: a consistency proof has at most 63 hashes
@@ -81,6 +82,7 @@ class WitnessState:
     size: int
     root: bytes
     key: str  # the origin's verifier key (pinned at enrolment or configured)
+    note: str = ""  # the checkpoint at ``size`` with the witness's cosignature (what a restore starts from)
 
 
 class WitnessStore(Protocol):
@@ -89,7 +91,8 @@ class WitnessStore(Protocol):
     def get(self, origin: str) -> WitnessState | None: ...
 
     def advance(self, origin: str, old: WitnessState | None, new: WitnessState) -> bool:
-        """Atomically replace ``old`` (None: no row yet) by ``new``; False when the stored state is not ``old``."""
+        """Atomically replace ``old`` (None: no row yet) by ``new``; False when the stored state is not ``old``
+        (compared by size and root: a compare-and-set on the tree the witness vouched for)."""
         ...
 
 
@@ -112,16 +115,17 @@ class FileWitnessStore:
             return None
         if data.get("origin") != origin:
             raise ValueError(f"{self._path(origin)} holds another origin ({data.get('origin')!r})")
-        return WitnessState(int(data["size"]), base64.b64decode(data["root"]), data["key"])
+        return WitnessState(int(data["size"]), base64.b64decode(data["root"]), data["key"], data.get("note", ""))
 
     def advance(self, origin: str, old: WitnessState | None, new: WitnessState) -> bool:
         with self._lock, open(self.directory / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if self.get(origin) != old:
+            if not same_tree(self.get(origin), old):
                 return False
             path = self._path(origin)
             tmp = path.with_suffix(".tmp")
-            record = {"origin": origin, "size": new.size, "root": base64.b64encode(new.root).decode(), "key": new.key}
+            record = {"origin": origin, "size": new.size, "root": base64.b64encode(new.root).decode(), "key": new.key,
+                      "note": new.note}
             with open(tmp, "w") as f:
                 f.write(json.dumps(record))
                 f.flush()
@@ -133,6 +137,13 @@ class FileWitnessStore:
             finally:
                 os.close(dir_fd)
             return True
+
+
+def same_tree(a: WitnessState | None, b: WitnessState | None) -> bool:
+    """Whether two states vouch for the same tree (size and root), None for no state yet."""
+    if a is None or b is None:
+        return a is b
+    return (a.size, a.root) == (b.size, b.root)
 
 
 def add_checkpoint_body(old: int, proof: list[bytes], signed_checkpoint: str) -> str:
@@ -188,12 +199,17 @@ class Witness:
     def verifier(self) -> Verifier:
         return self.signer.verifier
 
-    def add_checkpoint(self, body: str, *, key: str = "") -> WitnessReply:
+    def add_checkpoint(self, body: str, *, key: str = "", origin: str | None = None) -> WitnessReply:
+        """``origin``: the origin the transport vouches for (the fleet recorder: the node whose subject
+        carried the request); a checkpoint of any other origin is refused with 403."""
         try:
             old, proof, note = parse_add_checkpoint(body)
             checkpoint = Checkpoint.parse(note.text)
         except NoteError as exc:
             return WitnessReply(400, f"malformed add-checkpoint request: {exc}")
+        if origin is not None and checkpoint.origin != origin:
+            return WitnessReply(403, f"a checkpoint of {checkpoint.origin} sent as {origin}: a node speaks only for "
+                                     "itself")
         origin = checkpoint.origin
         if old > checkpoint.size:
             return WitnessReply(400, f"old size {old} is above the checkpoint's size {checkpoint.size}")
@@ -222,10 +238,14 @@ class Witness:
         except ProofError as exc:
             return WitnessReply(422, f"{origin}: size {checkpoint.size} is not consistent with size {old} that this "
                                      f"witness cosigned: {exc}")
-        if not self.store.advance(origin, state, WitnessState(checkpoint.size, checkpoint.root, key_text)):
+        # Signed before the store advances (it is pure), returned only after: the store keeps the
+        # cosigned note beside its size, the copy a restore starts from.
+        signature = cosign(checkpoint, self.signer, int(self.clock()))
+        cosigned = note.with_signatures(signature)
+        new = WitnessState(checkpoint.size, checkpoint.root, key_text, cosigned.encode())
+        if not self.store.advance(origin, state, new):
             now = self.store.get(origin)
             return WitnessReply(409, str(now.size if now else 0))
-        signature = cosign(checkpoint, self.signer, int(self.clock()))
         return WitnessReply(200, signature.line(), self.verifier.encode())
 
     async def handle(self, request: AddCheckpoint) -> WitnessReply:

@@ -1,5 +1,6 @@
 """Fleet recorder composition root: the fleet stream (central cluster) -> the SQL projection, the
-witness desk for node checkpoints, /metrics. Usually one per cluster (``gpuledger fleet record``)."""
+witness of every node's checkpoints (its state in the same database), /metrics. Usually one per cluster
+(``gpuledger fleet record``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from libs.runtime import Supervisor
 from services.fleet.ingest import FleetIngest
 from services.fleet.metrics import observe
 from services.fleet.projection import FleetProjection
-from services.fleet.witness import CheckpointDesk, Witness
+from services.fleet.witness import WitnessDesk, open_witness
 
 __all__ = ["FleetService", "open_engine", "service"]
 
@@ -27,7 +28,7 @@ _logger = get_logger("fleet")
 @dataclass
 class FleetService:
     ingest: FleetIngest
-    desk: CheckpointDesk
+    desk: WitnessDesk
     projection: FleetProjection
     supervisor: Supervisor
 
@@ -40,8 +41,7 @@ def open_engine(url: str) -> Engine:
 
 
 @asynccontextmanager
-async def service(settings: Settings, *, witness: Witness | None = None,
-                  source_interval: float = 5.0) -> AsyncIterator[FleetService]:
+async def service(settings: Settings, *, source_interval: float = 5.0) -> AsyncIterator[FleetService]:
     async with AsyncExitStack() as stack:
         creds = load_credentials(settings.fleet_credentials) if settings.fleet_credentials else None
         bus = await Bus.connect(with_credentials(settings.nats_url, creds), name="fleet-recorder", node="fleet")
@@ -52,7 +52,7 @@ async def service(settings: Settings, *, witness: Witness | None = None,
         refolded = projection.load()
         _logger.info("fleet projection loaded", nodes=len(projection.folds), events=refolded)
         ingest = FleetIngest(bus, projection)
-        desk = CheckpointDesk(bus, witness)
+        desk = WitnessDesk(bus, open_witness(settings, engine), settings.cluster_name)
         await desk.start()
         await stack.enter_async_context(observe(settings, ingest, desk))  # /metrics
         supervisor = Supervisor("fleet")

@@ -13,13 +13,13 @@ from prometheus_client.registry import Collector
 from libs.config import Settings
 from libs.metrics import serving
 from services.fleet.ingest import FleetIngest
-from services.fleet.witness import CheckpointDesk
+from services.fleet.witness import WitnessDesk
 
 __all__ = ["FleetCollector", "observe"]
 
 
 class FleetCollector(Collector):
-    def __init__(self, ingest: FleetIngest, desk: CheckpointDesk, silent_after: float) -> None:
+    def __init__(self, ingest: FleetIngest, desk: WitnessDesk, silent_after: float) -> None:
         self.ingest, self.desk, self.silent_after = ingest, desk, silent_after
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -60,7 +60,8 @@ class FleetCollector(Collector):
                                 "Nodes with no event for longer than --fleet-silent-after")
         fam.add_metric([], silent)
         yield fam
-        failures = CounterMetricFamily("gpuledger_fleet_witness_failures", "Checkpoints the witness refused",
+        failures = CounterMetricFamily("gpuledger_fleet_witness_failures",
+                                       "Checkpoints the witness refused, by kind (stale-size, bad-proof, forbidden...)",
                                        labels=["kind"])
         for kind, count in sorted(self.desk.failures.items()):
             failures.add_metric([kind], count)
@@ -71,7 +72,7 @@ class FleetCollector(Collector):
 
 
 @asynccontextmanager
-async def observe(settings: Settings, ingest: FleetIngest, desk: CheckpointDesk) -> AsyncIterator[CollectorRegistry]:
+async def observe(settings: Settings, ingest: FleetIngest, desk: WitnessDesk) -> AsyncIterator[CollectorRegistry]:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(FleetCollector(ingest, desk, settings.fleet_silent_after))

@@ -19,10 +19,12 @@ from typing import Any
 import msgspec
 from sqlalchemy import Engine, and_, insert, select, update
 
+from libs.bus.outbox import ROW_HASH_HEADER
 from libs.errors import CorruptLog
 from libs.events.codec import StoredEvent, decode_record
 from libs.events.schema import AllocationGranted, InventoryRecorded
 from libs.events.subjects import Subjects, unescape_token
+from libs.fleet.naming import SOURCE_HEADER, source_stream
 from libs.fleet.queries import holding_of_row
 from libs.fleet.tables import fleet_events, fleet_gpus, fleet_holdings, fleet_metadata, fleet_nodes, fleet_rejected
 from libs.ledger.holdings import AuditFold, Holding
@@ -31,8 +33,6 @@ from libs.logger import get_logger
 
 __all__ = ["Batch", "FleetMessage", "FleetProjection", "Rejected"]
 
-ROW_HASH_HEADER = "Gpuledger-Row-Hash"
-SOURCE_HEADER = "Nats-Stream-Source"
 _logger = get_logger("fleet-projection")
 _json = msgspec.json.Encoder()
 
@@ -130,7 +130,7 @@ class FleetProjection:
             raise _Reject(f"not an event subject: {msg.subject}")
         node = unescape_token(parts[1])
         source = msg.headers.get(SOURCE_HEADER, "")
-        origin = source.split(" ", 1)[0].split(":", 1)[0]
+        origin = source_stream(source)
         if origin != Subjects(node).stream:
             raise _Reject(f"an event on node {node!r}'s subject came from stream {origin or '(none)'!r}, "
                           f"not from {Subjects(node).stream}: a node may only speak for itself")

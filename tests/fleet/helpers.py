@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.bus import Bus, NatsServer, Relay
+from libs.config import Settings
+from libs.errors import BusError
 from libs.events import (
     AllocationGranted,
     AllocationReleased,
@@ -22,6 +24,9 @@ from libs.events import (
 from libs.fleet.naming import FLEET_DOMAIN, RECORDER_USER, node_user
 from libs.fleet.natsconf import HubServer, NodeLogin, hub_config, leaf_config
 from libs.store import EventLog
+from libs.witness.files import NodeFiles, load_or_create_key
+from libs.witness.node import Checkpointer, origin_of
+from libs.witness.note import Checkpoint, SignedNote
 from tests.polling import eventually
 
 
@@ -327,9 +332,53 @@ def per_node_seqs(records: list[tuple[str, int, str]]) -> dict[str, list[int]]:
     return seqs
 
 
+def recorder_settings(hub: HubCluster, root: Path, *, cluster: str = "test", metrics_port: int = 0) -> Settings:
+    """The recorder on the hub, its SQLite database and witness key in ``root``; /metrics on metrics_port + 4."""
+    root.mkdir(parents=True, exist_ok=True)
+    return Settings(node_name="fleet-recorder", state_dir=str(root), nats_url=hub.client_urls(),
+                    fleet_db=f"sqlite:///{root / 'fleet.sqlite'}", cluster_name=cluster, metrics_port=metrics_port,
+                    metrics_host="127.0.0.1")
+
+
+async def node_checkpointer(ledger: LedgerNode, cluster: str = "test") -> Checkpointer:
+    """The node's checkpointer (as the allocator runs it) on the ledger's log and bus; checkpoints on demand."""
+    assert ledger.bus is not None and ledger.event_log is not None
+    files = NodeFiles(ledger.root)
+    origin = origin_of(cluster, ledger.node)
+    cp = Checkpointer(ledger.bus, ledger.event_log, files, load_or_create_key(files.key, origin), origin=origin,
+                      every=1000, interval=30.0, timeout=5.0)
+    await cp.start()
+    return cp
+
+
+async def cosigned_now(cp: Checkpointer, size: int, timeout: float = 20.0) -> SignedNote:
+    """Until the witness cosigned the checkpointer's log at ``size`` (the recorder's interest in the
+    checkpoint subject reaches a leaf broker a moment after the recorder starts)."""
+    async def cosigned() -> SignedNote | None:
+        try:
+            note = await cp.checkpoint()
+        except BusError:
+            return None
+        return note if note is not None and Checkpoint.parse(note.text).size == size else None
+
+    return await eventually(cosigned, timeout=timeout, interval=0.2, what=f"a checkpoint at {size} cosigned")
+
+
+def metric_samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of a /metrics endpoint by (name, sorted labels)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
 __all__ = [
-    "FLEET_DOMAIN", "FleetNode", "HubCluster", "LeafBroker", "LedgerNode", "TcpProxy", "fleet_count", "free_ports",
-    "gpus_of", "per_node_seqs", "read_fleet", "start_fleet_node",
+    "FLEET_DOMAIN", "FleetNode", "HubCluster", "LeafBroker", "LedgerNode", "TcpProxy", "cosigned_now", "fleet_count",
+    "free_ports", "gpus_of", "metric_samples", "node_checkpointer", "per_node_seqs", "read_fleet", "recorder_settings",
+    "start_fleet_node",
 ]
 
 

@@ -15,12 +15,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from libs.bus import Bus
 from libs.config import Settings
+from libs.errors import BusError
 from libs.events import InventoryRecorded, Subjects
 from libs.events.codec import StoredEvent, to_record
 from libs.fleet.naming import FLEET_STREAM, node_user
 from libs.fleet.stream import ensure_fleet_stream
+from libs.witness import AddCheckpoint, WitnessReply
+from libs.witness.node import checkpoint_subject
 from services.fleet.app import service
-from tests.fleet.helpers import HubCluster, free_ports, gpus_of, start_fleet_node
+from tests.fleet.helpers import HubCluster, free_ports, gpus_of, recorder_settings, start_fleet_node
 from tests.polling import eventually
 
 
@@ -123,3 +126,48 @@ async def test_the_recorder_refuses_an_event_for_another_node(hub: HubCluster, s
         assert samples[("gpuledger_fleet_node_last_seq", (("node", "honest"),))] == 2
         assert ("gpuledger_fleet_node_lag_events", (("node", "honest"),)) in samples
         assert samples[("gpuledger_fleet_silent_nodes", ())] == 0
+
+
+async def test_a_node_asks_the_witness_over_its_leaf_and_reads_no_other_nodes_events_there(
+        hub: HubCluster, short_dir: Path) -> None:
+    """The node's user may publish its checkpoint request and receive the reply over the leaf link (the
+    recorder's wildcard queue subscription reaches the leaf), while a subscriber on the node's own broker
+    to every gpuledger subject gets no other node's events from the central cluster."""
+    alpha = await start_fleet_node(hub, short_dir / "a", "alpha")
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(alpha.broker.stop)
+        stack.push_async_callback(alpha.ledger.stop)
+        svc = await stack.enter_async_context(service(recorder_settings(hub, short_dir / "rec")))
+        bus = alpha.ledger.bus
+        assert bus is not None
+
+        async def asked() -> WitnessReply | None:
+            try:
+                return await bus.request(checkpoint_subject(bus), AddCheckpoint("not a request"), WitnessReply,
+                                         timeout=2)
+            except BusError:
+                return None
+
+        reply = await eventually(asked, timeout=20, interval=0.2, what="the witness answering over the leaf link")
+        assert reply.status == 400 and svc.desk.failures["malformed"] >= 1
+
+        # the node's own broker subscribes to every gpuledger subject: another node's events, published in
+        # the central cluster, never come over the leaf link
+        local = await Bus.connect(alpha.broker.url, name="listener", node="alpha", wait=10)
+        stack.push_async_callback(local.close)
+        seen: list[str] = []
+
+        async def on_any(msg: dict[str, str]) -> None:
+            seen.append(msg["what"])
+
+        await local.subscribe("gpuledger.>", dict, on_any)
+        await local.flush()
+        await eventually(asked, timeout=20, interval=0.2, what="the leaf link carrying requests again")
+        recorder = await hub.recorder_bus()
+        stack.push_async_callback(recorder.close)
+        for _ in range(10):
+            await recorder.publish(Subjects("beta").event("alloc.granted"), {"what": "beta's"})
+            await asyncio.sleep(0.1)
+        await recorder.flush()
+        await asyncio.sleep(0.5)
+        assert seen == []

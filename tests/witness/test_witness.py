@@ -102,7 +102,10 @@ def test_the_witness_cosigns_a_consistent_series(witness: Witness, node_key: Sig
         assert verify_cosignature(cosigned, witness.verifier) == 1_700_000_000
         assert Verifier.parse(reply.witness_key) == witness.verifier
         old = size
-    assert witness.store.get(ORIGIN) == WitnessState(40, tree_root(tree), node_key.verifier.encode())
+    held = witness.store.get(ORIGIN)
+    assert held == WitnessState(40, tree_root(tree), node_key.verifier.encode(), held.note)  # type: ignore[union-attr]
+    # the store keeps the last cosigned note itself: what a restore checks the fleet copy against
+    assert SignedNote.parse(held.note) == cosigned  # type: ignore[union-attr]
 
 
 def test_a_stale_size_is_409_with_the_witness_size(witness: Witness, node_key: Signer) -> None:
