@@ -21,6 +21,7 @@ from .apiserver import build_app
 from .calls import CallLog, RpcCall
 from .config import SimConfig, check_profile
 from .devicemanager import DeviceManager, ResourceInfo
+from .dra.store import DraObjects
 from .errors import ApiError
 from .kubelet import Kubelet
 from .logger import logger
@@ -50,6 +51,7 @@ class NodeSimulator:
         self.calls: list[RpcCall] = self._call_log.calls
         self.call_log = self._call_log  # the API server records pod PATCHes here too
         self.store = PodStore(cfg.watch_history)
+        self.dra_objects = DraObjects(self.store, cfg.watch_history)  # resource.k8s.io/v1
         self.manager = DeviceManager(cfg, self._call_log, self._rng, lambda: self.kubelet.active_pod_uids())
         self.kubelet = Kubelet(cfg, self.store, self.manager)
         self.registration = RegistrationServer(cfg, self.manager, self._call_log)
@@ -118,6 +120,7 @@ class NodeSimulator:
         for task in list(self._background):
             task.cancel()
         self.store.close()  # ends watch streams, so the HTTP server can shut down at once
+        self.dra_objects.close()
         await self.kubelet.stop()
         if self.runtime is not None:
             runtime, self.runtime = self.runtime, None
@@ -156,6 +159,7 @@ class NodeSimulator:
         """Fault injection: the API server goes away (open watches are cut, connections refused);
         the kubelet side keeps running. `start_api()` brings it back on the same port."""
         self.store.drop_watches()
+        self.dra_objects.drop_watches()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
