@@ -15,6 +15,7 @@ from libs.errors import BusError
 from libs.events.codec import StoredEvent
 from libs.events.schema import InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
+from libs.kube.source import make_client
 from libs.logger import get_logger
 from libs.runtime import Supervisor
 from services.registrar.catalog import DeviceCatalog
@@ -22,6 +23,7 @@ from services.registrar.health import DeviceHealth
 from services.registrar.kubelet import KubeletRegistration
 from services.registrar.metrics import observe
 from services.registrar.plugin import DevicePlugin
+from services.registrar.slices import SlicePublisher
 
 __all__ = ["RegistrarService", "service"]
 
@@ -77,4 +79,8 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         await stack.enter_async_context(observe(settings, plugins, catalog, health))
         supervisor.spawn(health.run(bus, settings.request_timeout), "gpu-health")
         supervisor.spawn(_serve(bus, catalog, kubelet, settings.request_timeout), "kubelet")
+        if settings.dra_gpus:  # DRA: the node's ResourceSlice, kept current with inventory and health
+            client = make_client(settings.kubeconfig)
+            stack.push_async_callback(client.close)
+            supervisor.spawn(SlicePublisher(client, catalog, health, settings.dra_gpus).run(), "resource-slices")
         yield RegistrarService(catalog=catalog, kubelet=kubelet, supervisor=supervisor, health=health)
