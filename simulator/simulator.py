@@ -21,6 +21,7 @@ from .apiserver import build_app
 from .calls import CallLog, RpcCall
 from .config import SimConfig, check_profile
 from .devicemanager import DeviceManager, ResourceInfo
+from .dra.scheduler import DraScheduler, has_claims
 from .dra.store import DraObjects
 from .errors import ApiError
 from .kubelet import Kubelet
@@ -54,6 +55,8 @@ class NodeSimulator:
         self.dra_objects = DraObjects(self.store, cfg.watch_history)  # resource.k8s.io/v1
         self.manager = DeviceManager(cfg, self._call_log, self._rng, lambda: self.kubelet.active_pod_uids())
         self.kubelet = Kubelet(cfg, self.store, self.manager)
+        # pods with spec.resourceClaims: claims allocated and reserved, then bound (the control plane's part)
+        self.dra_scheduler = DraScheduler(cfg.node_name, self.store, self.dra_objects, self.kubelet.pod_created)
         self.registration = RegistrationServer(cfg, self.manager, self._call_log)
         self.node = NodeObject(cfg.node_name, self._node_capacity, self.store.next_rv)
         self.pod_resources = (
@@ -107,6 +110,8 @@ class NodeSimulator:
                 self.runtime = await start_runtime(self.cfg)
                 self.kubelet.runtime = self.runtime.pods
             self.kubelet.start()
+            task = asyncio.create_task(self.dra_scheduler.run(self.kubelet.is_uid_active), name="dra-scheduler")
+            self._background.add(task)
         except BaseException:
             await self.stop()
             raise
@@ -231,7 +236,7 @@ class NodeSimulator:
             # API defaulting: requests default to limits.
             if resources.get("limits"):
                 resources["requests"] = {**resources["limits"], **(resources.get("requests") or {})}
-        if not spec.get("nodeName"):
+        if not spec.get("nodeName") and not has_claims(pod):
             spec["nodeName"] = self.cfg.node_name
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("schedulerName", "default-scheduler")
@@ -239,6 +244,9 @@ class NodeSimulator:
         spec.setdefault("dnsPolicy", "ClusterFirst")
         pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod)}
         stored = self.store.create(pod)
+        if has_claims(stored):
+            self.dra_scheduler.try_schedule(stored)  # binds and hands it to the kubelet when its claims fit
+            return self.store.get(meta["namespace"], meta["name"]) or stored
         self.kubelet.pod_created(stored)
         return stored
 
