@@ -117,6 +117,7 @@ class LedgerState:
         # DRA claims unprepared and not prepared again since: claim uid -> the pods it was reserved for
         # (a prepare of one of them for no new pod is a stale retry; see ``stale_prepare``)
         self.unprepared: dict[str, tuple[str, ...]] = {}
+        self.claim_pods: dict[str, tuple[str, ...]] = {}  # prepared claim uid -> its reservedFor pods
 
     # --- folding ---
     def apply(self, stored: StoredEvent) -> None:
@@ -151,8 +152,10 @@ class LedgerState:
             self._apply_health()
         if isinstance(ev, ClaimPrepared):
             self.unprepared.pop(ev.claim_uid, None)
+            self.claim_pods[ev.claim_uid] = ev.reserved_pods
         elif isinstance(ev, ClaimUnprepared):
             self.unprepared[ev.claim_uid] = ev.reserved_pods
+            self.claim_pods.pop(ev.claim_uid, None)
         self.seq = stored.seq
         self.time = stored.recorded_at
 
