@@ -83,6 +83,7 @@ class ClaimView(msgspec.Struct, frozen=True, kw_only=True):
     allocated: bool
     devices: tuple[ClaimDevice, ...]    # this driver's results only
     reserved_pods: tuple[str, ...]      # pod UIDs in status.reservedFor
+    reserved_names: tuple[str, ...] = ()  # their names, in the same order
 
 
 def claim_view(obj: dict, driver: str = DRIVER_NAME) -> ClaimView:
@@ -108,11 +109,10 @@ def claim_view(obj: dict, driver: str = DRIVER_NAME) -> ClaimView:
             device=str(res.get("device", "")), share_id=str(res.get("shareID") or ""),
             cores=cores, memory=memory,
         ))
-    reserved = tuple(
-        str(r.get("uid", "")) for r in status.get("reservedFor") or []
-        if r.get("resource") == "pods" and r.get("uid")
-    )
+    pods = [r for r in status.get("reservedFor") or [] if r.get("resource") == "pods" and r.get("uid")]
+    reserved = tuple(str(r["uid"]) for r in pods)
     return ClaimView(
         uid=str(meta.get("uid", "")), namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
         allocated=allocation is not None, devices=tuple(devices), reserved_pods=reserved,
+        reserved_names=tuple(str(r.get("name", "")) for r in pods),
     )

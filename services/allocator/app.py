@@ -20,6 +20,7 @@ from libs.logger import get_logger
 from libs.metrics import MetricsServer
 from libs.runtime import Supervisor
 from libs.store import EventLog
+from services.allocator.claims import ClaimHandlers, apply_mode_setting
 from services.allocator.extender import AnnotationWriter
 from services.allocator.extraconfig import default_devices
 from services.allocator.handlers import Allocator
@@ -101,7 +102,10 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         supervisor.spawn(pod_cache.resync_forever(_POD_RESYNC, settings.request_timeout), "pod-cache")
         if settings.identity_check_period > 0:
             supervisor.spawn(handlers.reconcile_forever(settings.identity_check_period), "identity-check")
+        await apply_mode_setting(ledger, settings.dra_gpus)  # which GPUs DRA serves (idle ones only move)
+        claims = ClaimHandlers(settings, ledger, bus, hami=handlers.hami)
         await handlers.serve()
+        await claims.serve()
         yield AllocatorService(ledger=ledger, handlers=handlers, relay=relay, supervisor=supervisor, health=health,
                                usage=usage, metrics=metrics, metrics_server=server)
 
