@@ -15,7 +15,6 @@ from libs.errors import BusError
 from libs.events.codec import StoredEvent
 from libs.events.schema import GpuModeChanged, InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
-from libs.kube.source import make_client
 from libs.logger import get_logger
 from libs.runtime import Supervisor
 from services.registrar.catalog import DeviceCatalog
@@ -87,6 +86,8 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         supervisor.spawn(_serve(bus, catalog, kubelet, settings.request_timeout), "kubelet")
         dra = None
         if settings.dra_gpus:
+            from libs.kube.source import make_client  # lightkube, only when DRA is on
+
             client = make_client(settings.kubeconfig)
             stack.push_async_callback(client.close)
             # the node's ResourceSlice, kept current with inventory and health

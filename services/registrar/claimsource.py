@@ -10,15 +10,11 @@ in-cluster), decoded by ``libs.dra.claim_view``.
 from __future__ import annotations
 
 import asyncio
-
-from lightkube import ApiError, AsyncClient
-from lightkube.generic_resource import create_namespaced_resource
+from typing import Any
 
 from libs.dra import ClaimView, claim_view
 
-__all__ = ["ClaimNotFound", "ClaimSource", "ResourceClaim"]
-
-ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+__all__ = ["ClaimNotFound", "ClaimSource"]
 
 
 class ClaimNotFound(LookupError):
@@ -26,13 +22,20 @@ class ClaimNotFound(LookupError):
 
 
 class ClaimSource:
-    def __init__(self, client: AsyncClient) -> None:
+    """lightkube is imported only here, when DRA is on: the registrar without DRA never loads it."""
+
+    def __init__(self, client: Any) -> None:
+        from lightkube import ApiError
+        from lightkube.generic_resource import create_namespaced_resource
+
         self.client = client
+        self._api_error = ApiError
+        self._resource = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
 
     async def get(self, namespace: str, name: str, *, timeout: float) -> ClaimView:
         try:
-            obj = await asyncio.wait_for(self.client.get(ResourceClaim, name, namespace=namespace), timeout)
-        except ApiError as exc:
+            obj = await asyncio.wait_for(self.client.get(self._resource, name, namespace=namespace), timeout)
+        except self._api_error as exc:
             if exc.status.code == 404:
                 raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found") from None
             raise
@@ -41,5 +44,5 @@ class ClaimSource:
     async def list(self, namespace: str, *, timeout: float) -> list[ClaimView]:
         async def collect() -> list[ClaimView]:
             return [claim_view(o.to_dict() if hasattr(o, "to_dict") else dict(o))
-                    async for o in self.client.list(ResourceClaim, namespace=namespace)]
+                    async for o in self.client.list(self._resource, namespace=namespace)]
         return await asyncio.wait_for(collect(), timeout)
