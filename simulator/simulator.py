@@ -21,8 +21,10 @@ from .apiserver import build_app
 from .calls import CallLog, RpcCall
 from .config import SimConfig, check_profile
 from .devicemanager import DeviceManager, ResourceInfo
+from .dra.manager import DraManager
 from .dra.scheduler import DraScheduler, has_claims
 from .dra.store import DraObjects
+from .dra.watcher import PluginWatcher
 from .errors import ApiError
 from .kubelet import Kubelet
 from .logger import logger
@@ -58,6 +60,16 @@ class NodeSimulator:
         # pods with spec.resourceClaims: claims allocated and reserved, then bound (the control plane's part)
         self.dra_scheduler = DraScheduler(cfg.node_name, self.store, self.dra_objects, self.kubelet.pod_created)
         self.registration = RegistrationServer(cfg, self.manager, self._call_log)
+        # The kubelet's DRA half: plugin watcher + DRA manager, when the node has a plugins_registry.
+        self.plugin_watcher: PluginWatcher | None = None
+        self.dra: DraManager | None = None
+        if cfg.plugins_registry_dir is not None:
+            self.plugin_watcher = PluginWatcher(cfg.plugins_registry_dir, self._call_log,
+                                                dial_timeout=cfg.dial_timeout)
+            self.dra = DraManager(self.dra_objects, self.plugin_watcher,
+                                  cfg.dra_state_dir or cfg.device_plugin_dir.parent, self._pod_done,
+                                  timeout=cfg.dra_timeout)
+            self.kubelet.dra = self.dra
         self.node = NodeObject(cfg.node_name, self._node_capacity, self.store.next_rv)
         self.pod_resources = (
             PodResourcesServer(cfg.pod_resources_socket, self.store, self.kubelet, self.manager,
@@ -80,6 +92,11 @@ class NodeSimulator:
         capacity, allocatable, _ = self.manager.get_capacity()
         return capacity, allocatable, set(self.manager.removed)
 
+    def _pod_done(self, uid: str) -> bool:
+        """The pod's containers are over: the object is gone, or the pod is terminal."""
+        pod = self.store.get_by_uid(uid)
+        return pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def __aenter__(self) -> NodeSimulator:
@@ -98,6 +115,8 @@ class NodeSimulator:
         try:
             # Kubelet start order: read the checkpoint, then wipe sockets and serve.
             self.manager.load_checkpoint()
+            if self.dra is not None:
+                self.dra.load_checkpoint()
             await self.registration.start()
             if self.pod_resources is not None:
                 await self.pod_resources.start()
@@ -112,6 +131,10 @@ class NodeSimulator:
             self.kubelet.start()
             task = asyncio.create_task(self.dra_scheduler.run(self.kubelet.is_uid_active), name="dra-scheduler")
             self._background.add(task)
+            if self.dra is not None and self.plugin_watcher is not None:
+                await self.plugin_watcher.start()
+                task = asyncio.create_task(self.dra.run(self.store.changes), name="dra-unprepare")
+                self._background.add(task)
         except BaseException:
             await self.stop()
             raise
@@ -127,6 +150,8 @@ class NodeSimulator:
         self.store.close()  # ends watch streams, so the HTTP server can shut down at once
         self.dra_objects.close()
         await self.kubelet.stop()
+        if self.plugin_watcher is not None:
+            await self.plugin_watcher.stop()
         if self.runtime is not None:
             runtime, self.runtime = self.runtime, None
             self.kubelet.runtime = None
@@ -189,8 +214,14 @@ class NodeSimulator:
             if self.pod_resources is not None:
                 await self.pod_resources.stop()
             await self.registration.stop()
+            if self.plugin_watcher is not None:
+                await self.plugin_watcher.stop()  # DRA drivers are registered anew from plugins_registry
             self.manager.restart()
+            if self.dra is not None:
+                await self.dra.reload()  # the claim cache as the checkpoint has it
             await self.registration.start()
+            if self.plugin_watcher is not None:
+                await self.plugin_watcher.start()
             if self.pod_resources is not None:
                 await self.pod_resources.start()
         _logger.info("kubelet restarted", node=self.cfg.node_name)
