@@ -8,6 +8,9 @@
     vmanager   --watchdog.pods-->       watchdog    (container id -> name)
     anyone     --allocator.state-->     allocator   (the folded state, for checks and tools)
     anyone     --allocator.archive-->   allocator   (move older events into archive segments)
+    registrar  --allocator.claim-prepare-->   allocator  (DRA NodePrepareResources, one claim)
+    registrar  --allocator.claim-unprepare--> allocator  (DRA NodeUnprepareResources; the watchdog's reconcile)
+    anyone     --allocator.gpu-mode-->  allocator   (move idle GPUs between device plugin and DRA)
     watchdog   ==pod.<verb>==>          anyone      (pod lifecycle notifications, PodChanged)
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import msgspec
 
+from libs.dra import ClaimView
 from libs.events.schema import ContainerResponse, InventoryRecorded
 from libs.kube.pods import Pod
 from libs.ledger.state import LedgerSnapshot
@@ -24,6 +28,13 @@ __all__ = [
     "AllocateRequest",
     "ArchiveReply",
     "ArchiveRequest",
+    "ClaimDeviceResult",
+    "ClaimPrepareReply",
+    "ClaimPrepareRequest",
+    "ClaimUnprepareReply",
+    "ClaimUnprepareRequest",
+    "GpuModeReply",
+    "GpuModeRequest",
     "InventoryReply",
     "InventoryRequest",
     "PodChanged",
@@ -86,6 +97,49 @@ class InventoryRequest(msgspec.Struct):
 class InventoryReply(msgspec.Struct, kw_only=True):
     inventory: InventoryRecorded
     share_mode: bool
+    dra_gpus: list[int] = []   # indexes served by the DRA driver: never advertised to the device plugin
+
+
+class ClaimPrepareRequest(msgspec.Struct, kw_only=True):
+    """One claim of a NodePrepareResources, as read from the API server by the registrar."""
+
+    claim: ClaimView
+    deadline: float = 0.0      # unix seconds; past it the allocator must not commit
+
+
+class ClaimDeviceResult(msgspec.Struct, kw_only=True):
+    request_names: list[str]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: list[str]
+    share_id: str = ""
+
+
+class ClaimPrepareReply(msgspec.Struct, kw_only=True):
+    claim_uid: str
+    pod_uid: str
+    devices: list[ClaimDeviceResult]
+    response: ContainerResponse  # what the CDI spec carries
+    seq: int                     # the claim.prepared event (an earlier one when already prepared)
+    already: bool = False        # idempotent repeat: nothing new recorded
+
+
+class ClaimUnprepareRequest(msgspec.Struct, kw_only=True):
+    claim_uid: str
+    reason: str = "unprepared"   # unprepared | reconcile: claim gone | reconcile: not reserved ...
+
+
+class ClaimUnprepareReply(msgspec.Struct, kw_only=True):
+    released: bool               # False: it was not prepared (an idempotent repeat)
+
+
+class GpuModeRequest(msgspec.Struct, kw_only=True):
+    gpus: list[str]              # indexes or UUIDs
+    mode: str                    # dra | device-plugin
+
+
+class GpuModeReply(msgspec.Struct, kw_only=True):
+    changed: list[int]           # indexes whose mode changed (the others already were)
 
 
 class ArchiveRequest(msgspec.Struct, kw_only=True):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import msgspec
 
+from libs.dra import DRIVER_NAME
+
 __all__ = ["Settings", "default_state_dir", "parse_node_labels"]
 
 MIB = 1 << 20
@@ -75,6 +77,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # nothing changes); the credentials file holds the node's user and password there. For the fleet
     # recorder: its database (a SQLAlchemy URL; empty: SQLite at <state_dir>/fleet.sqlite) and when a
     # node that sent nothing counts as silent.
+    # DRA driver: which GPUs DRA serves (the rest stay with the device plugin; "" = none, "all", or
+    # indexes/UUIDs, comma-separated); the kubelet's plugin directories; where CDI spec files go; the
+    # longest a NodePrepareResources may take (well within the kubelet's 45 s)
+    dra_gpus: str = ""
+    kubelet_plugins_dir: str = "/var/lib/kubelet/plugins"
+    plugins_registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    cdi_dir: str = "/var/run/cdi"
+    dra_prepare_timeout: float = 20.0
     fleet_url: str = ""
     fleet_credentials: str = ""
     fleet_db: str = ""
@@ -122,6 +132,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise msgspec.ValidationError("fleet_url needs fleet_credentials (the node's user in the central cluster)")
         if self.fleet_silent_after <= 0:
             raise msgspec.ValidationError("fleet_silent_after must be positive")
+        if not 0 < self.dra_prepare_timeout < 45:
+            raise msgspec.ValidationError("dra_prepare_timeout must be between 0 and the kubelet's 45 s")
         if self.identity_check_period < 0:
             raise msgspec.ValidationError("identity_check_period must not be negative")
         if self.log_retention_events < 0:
@@ -138,6 +150,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def vm_root(self) -> Path:
         return Path(self.vm_dir or Path(self.state_dir) / "vm")
+
+    @property
+    def dra_plugin_socket(self) -> Path:
+        """The DRA service's socket: ``<kubelet plugins dir>/<driver>/dra.sock``."""
+        return Path(self.kubelet_plugins_dir) / DRIVER_NAME / "dra.sock"
+
+    @property
+    def dra_registration_socket(self) -> Path:
+        """The plugin-watcher socket: ``<plugins_registry>/<driver>-reg.sock``."""
+        return Path(self.plugins_registry_dir) / f"{DRIVER_NAME}-reg.sock"
 
     @property
     def vdriver_root(self) -> Path:

@@ -20,6 +20,10 @@ PROTOS = (
     "libs/kubelet/podresources/v1/api.proto",
     "libs/vcuda/api.proto",
     "libs/cri/v1/api.proto",
+    "libs/kubelet/pluginregistration/v1/api.proto",
+    "libs/kubelet/dra/v1/api.proto",
+    "libs/kubelet/dra/v1beta1/api.proto",
+    "libs/kubelet/drahealth/v1/api.proto",
 )
 
 

@@ -137,9 +137,11 @@ def _translate(event: Event, match: Selector) -> tuple[str, dict[str, Any]] | No
     return (event.type, event.object) if matches_now else None
 
 
-async def watch_pods(request: web.Request, match: Selector) -> web.StreamResponse:
+async def watch_pods(request: web.Request, match: Selector, store: Any = None, kind: str = "Pod",
+                     api_version: str = "v1") -> web.StreamResponse:
+    """A watch on pods, or on any store with the same watch contract (the DRA kinds)."""
     sim = _sim(request)
-    store = sim.store
+    store = sim.store if store is None else store
     query = request.query
     raw_rv = query.get("resourceVersion", "")
     try:
@@ -182,7 +184,7 @@ async def watch_pods(request: web.Request, match: Selector) -> web.StreamRespons
             if deadline is not None and now >= deadline:
                 break
             if bookmarks and now >= next_bookmark:
-                await send("BOOKMARK", {"kind": "Pod", "apiVersion": "v1",
+                await send("BOOKMARK", {"kind": kind, "apiVersion": api_version,
                                         "metadata": {"resourceVersion": str(store.resource_version)}})
                 next_bookmark = now + interval
             # Wake at least every second to notice a client that went away.
@@ -358,7 +360,9 @@ async def api_versions(_request: web.Request) -> web.StreamResponse:
 
 
 async def api_groups(_request: web.Request) -> web.StreamResponse:
-    return json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+    from .dra.routes import api_group
+
+    return json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": [api_group()]})
 
 
 async def api_resources(_request: web.Request) -> web.StreamResponse:
@@ -395,7 +399,8 @@ async def sim_run_options(request: web.Request) -> web.StreamResponse:
 
 
 async def sim_drop_watches(request: web.Request) -> web.StreamResponse:
-    return json_response({"dropped": _sim(request).store.drop_watches()})
+    sim = _sim(request)
+    return json_response({"dropped": sim.store.drop_watches() + sim.dra_objects.drop_watches()})
 
 
 async def sim_expire(request: web.Request) -> web.StreamResponse:
@@ -455,4 +460,7 @@ def build_app(sim: NodeSimulator) -> web.Application:
         web.post("/simulator/v1/faults/outage", sim_outage),
         web.get("/simulator/v1/resources", sim_resources),
     ])
+    from .dra.routes import dra_routes  # here: that module uses this one's handlers
+
+    app.add_routes(dra_routes())
     return app

@@ -54,6 +54,12 @@ class SimConfig:
     runtime_dir: Path | None = None
     runtime_images: Path | None = None  # prebuilt image layouts (simulator/runtime/images.py); built when None
     init_container_timeout: float = 120.0  # a real init container must exit within this
+    # DRA, the kubelet's half (simulator/dra/watcher.py, manager.py): with a plugins_registry_dir the
+    # plugin watcher registers DRA drivers there and pods' claims are prepared before their containers.
+    plugins_registry_dir: Path | None = None
+    cdi_dir: Path | None = None  # CDI specs the kubelet resolves CDI device IDs from (None: not resolved)
+    dra_state_dir: Path | None = None  # where dra_manager_state is kept; None: the device-plugin dir's parent
+    dra_timeout: float = 45.0  # NodePrepareResources / NodeUnprepareResources deadline (kubelet: 45 s)
 
     def __post_init__(self) -> None:
         self.device_plugin_dir = Path(self.device_plugin_dir)
@@ -61,6 +67,9 @@ class SimConfig:
             self.pod_resources_socket = Path(self.pod_resources_socket)
         if self.kubeconfig_path is not None:
             self.kubeconfig_path = Path(self.kubeconfig_path)
+        for name in ("plugins_registry_dir", "cdi_dir", "dra_state_dir"):
+            if getattr(self, name) is not None:
+                setattr(self, name, Path(getattr(self, name)))
         if self.runtime not in ("none", "containerd"):
             raise ValueError(f"unknown container runtime {self.runtime!r}; known: none, containerd")
 

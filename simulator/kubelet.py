@@ -17,6 +17,12 @@
   to their exit; a deleted pod's containers and sandbox are stopped and removed before the object goes.
 * Deleting a pod: deletionTimestamp set and running containers terminated (one MODIFIED), then
   the object is removed (DELETED). Devices come back only at the next GC trigger.
+* DRA (``dra``, simulator/dra/manager.py, when the node has a plugins_registry): before the first
+  container, the pod's claims are prepared; while that fails the containers stay waiting
+  (PodInitializing / ContainerCreating) with the error as their message, tried again with the same
+  backoff. Each container's claims' CDI device IDs join the device plugins' and, with a ``cdi_dir``,
+  are resolved into device nodes, mounts and envs before CreateContainer (an unresolvable ID is a
+  CreateContainerError, as from a runtime). The manager unprepares after the pod is gone.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import Any
 
 from .config import SimConfig
 from .devicemanager import AllocationError, ContainerStartError, DeviceManager
+from .dra.cdi_resolve import CdiResolveError, merge_into_options, resolve
+from .dra.manager import DraManager, DraPrepareError
 from .errors import ApiError
 from .logger import logger
 from .podspec import app_containers, init_containers, is_sidecar, pod_key, pod_uid
@@ -71,6 +79,7 @@ class Kubelet:
         self.known: set[str] = set()
         self._next_ip = 0
         self.runtime: Any = None  # simulator.runtime.PodRuntime when real containers are run
+        self.dra: DraManager | None = None  # the DRA manager when the node watches a plugins_registry
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -176,6 +185,9 @@ class Kubelet:
         extra["hostIPs"] = [{"ip": "127.0.0.1"}]
         if not self._write_status(pod, init_st, app_st, extra):
             return
+        claims = (pod.get("spec") or {}).get("resourceClaims")
+        if self.dra is not None and claims and not await self._prepare_claims(pod, (init_st, app_st, extra)):
+            return
         for container in inits:
             started = now_rfc3339()
             cid = await self._start_with_retries(pod, container, init_st, (init_st, app_st, extra))
@@ -201,6 +213,39 @@ class Kubelet:
             if cid is not None:
                 app_st[container["name"]] = running(container, cid, started)
         self._write_status(pod, init_st, app_st, extra)
+
+    async def _prepare_claims(
+        self, pod: dict[str, Any], status: tuple[dict[str, Any], dict[str, Any], dict[str, Any]],
+    ) -> bool:
+        """NodePrepareResources for the pod's claims, tried again with backoff while the pod is active;
+        each failure is shown on every waiting container. False when the pod gave up or went away."""
+        assert self.dra is not None
+        init_st, app_st, _ = status
+        uid = pod_uid(pod)
+        delay = self._cfg.container_retry_backoff
+        while True:
+            try:
+                await self.dra.prepare_pod(self._store.get_by_uid(uid) or pod)
+                break
+            except DraPrepareError as err:
+                message = f"failed to prepare dynamic resources: {err}"
+                _logger.info("claims not prepared", pod=uid, error=str(err))
+            for states in (init_st, app_st):
+                for name, st in states.items():
+                    states[name] = {**st, "state": {"waiting": {**st["state"]["waiting"], "message": message}}}
+            if not self._write_status(pod, *status) or delay <= 0 or not self.is_uid_active(uid):
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        for states in (init_st, app_st):
+            for st in states.values():
+                st["state"]["waiting"].pop("message", None)
+        if self.dra.gate is not None:  # fault injection: hold the pod between prepare and its containers
+            try:
+                await asyncio.wait_for(self.dra.gate.wait(), 120)
+            except TimeoutError:
+                _logger.warning("DRA gate not opened within 120 s; starting the containers", pod=uid)
+        return self._write_status(pod, *status)
 
     async def _start_with_retries(
         self, pod: dict[str, Any], container: dict[str, Any], states: dict[str, Any],
@@ -231,6 +276,17 @@ class Kubelet:
         except (ContainerStartError, AllocationError) as err:
             _logger.info("container start failed", pod=uid, container=container["name"], error=str(err))
             return CREATE_CONFIG_ERROR, str(err)
+        if self.dra is not None:
+            claimed = self.dra.container_cdi_ids(pod, container)
+            opts["cdi_devices"] += [i for i in claimed if i not in opts["cdi_devices"]]
+        if opts["cdi_devices"] and self._cfg.cdi_dir is not None:
+            # Resolved here, not by the runtime: containerd 1.6 ignores CRI's CDI devices.
+            try:
+                merge_into_options(opts, await asyncio.to_thread(resolve, self._cfg.cdi_dir, opts["cdi_devices"]))
+            except CdiResolveError as err:
+                _logger.info("CDI devices not resolved", pod=uid, container=container["name"], error=str(err))
+                return "CreateContainerError", str(err)
+            opts["cdi_resolved"] = True
         self.run_options[(uid, container["name"])] = opts
         if self.runtime is None:
             return container_id()

@@ -21,6 +21,10 @@ from .apiserver import build_app
 from .calls import CallLog, RpcCall
 from .config import SimConfig, check_profile
 from .devicemanager import DeviceManager, ResourceInfo
+from .dra.manager import DraManager
+from .dra.scheduler import DraScheduler, has_claims
+from .dra.store import DraObjects
+from .dra.watcher import PluginWatcher
 from .errors import ApiError
 from .kubelet import Kubelet
 from .logger import logger
@@ -50,9 +54,22 @@ class NodeSimulator:
         self.calls: list[RpcCall] = self._call_log.calls
         self.call_log = self._call_log  # the API server records pod PATCHes here too
         self.store = PodStore(cfg.watch_history)
+        self.dra_objects = DraObjects(self.store, cfg.watch_history)  # resource.k8s.io/v1
         self.manager = DeviceManager(cfg, self._call_log, self._rng, lambda: self.kubelet.active_pod_uids())
         self.kubelet = Kubelet(cfg, self.store, self.manager)
+        # pods with spec.resourceClaims: claims allocated and reserved, then bound (the control plane's part)
+        self.dra_scheduler = DraScheduler(cfg.node_name, self.store, self.dra_objects, self.kubelet.pod_created)
         self.registration = RegistrationServer(cfg, self.manager, self._call_log)
+        # The kubelet's DRA half: plugin watcher + DRA manager, when the node has a plugins_registry.
+        self.plugin_watcher: PluginWatcher | None = None
+        self.dra: DraManager | None = None
+        if cfg.plugins_registry_dir is not None:
+            self.plugin_watcher = PluginWatcher(cfg.plugins_registry_dir, self._call_log,
+                                                dial_timeout=cfg.dial_timeout)
+            self.dra = DraManager(self.dra_objects, self.plugin_watcher,
+                                  cfg.dra_state_dir or cfg.device_plugin_dir.parent, self._pod_done,
+                                  timeout=cfg.dra_timeout)
+            self.kubelet.dra = self.dra
         self.node = NodeObject(cfg.node_name, self._node_capacity, self.store.next_rv)
         self.pod_resources = (
             PodResourcesServer(cfg.pod_resources_socket, self.store, self.kubelet, self.manager,
@@ -75,6 +92,11 @@ class NodeSimulator:
         capacity, allocatable, _ = self.manager.get_capacity()
         return capacity, allocatable, set(self.manager.removed)
 
+    def _pod_done(self, uid: str) -> bool:
+        """The pod's containers are over: the object is gone, or the pod is terminal."""
+        pod = self.store.get_by_uid(uid)
+        return pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def __aenter__(self) -> NodeSimulator:
@@ -93,6 +115,8 @@ class NodeSimulator:
         try:
             # Kubelet start order: read the checkpoint, then wipe sockets and serve.
             self.manager.load_checkpoint()
+            if self.dra is not None:
+                self.dra.load_checkpoint()
             await self.registration.start()
             if self.pod_resources is not None:
                 await self.pod_resources.start()
@@ -105,6 +129,12 @@ class NodeSimulator:
                 self.runtime = await start_runtime(self.cfg)
                 self.kubelet.runtime = self.runtime.pods
             self.kubelet.start()
+            task = asyncio.create_task(self.dra_scheduler.run(self.kubelet.is_uid_active), name="dra-scheduler")
+            self._background.add(task)
+            if self.dra is not None and self.plugin_watcher is not None:
+                await self.plugin_watcher.start()
+                task = asyncio.create_task(self.dra.run(self.store.changes), name="dra-unprepare")
+                self._background.add(task)
         except BaseException:
             await self.stop()
             raise
@@ -118,7 +148,10 @@ class NodeSimulator:
         for task in list(self._background):
             task.cancel()
         self.store.close()  # ends watch streams, so the HTTP server can shut down at once
+        self.dra_objects.close()
         await self.kubelet.stop()
+        if self.plugin_watcher is not None:
+            await self.plugin_watcher.stop()
         if self.runtime is not None:
             runtime, self.runtime = self.runtime, None
             self.kubelet.runtime = None
@@ -156,6 +189,7 @@ class NodeSimulator:
         """Fault injection: the API server goes away (open watches are cut, connections refused);
         the kubelet side keeps running. `start_api()` brings it back on the same port."""
         self.store.drop_watches()
+        self.dra_objects.drop_watches()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
@@ -180,8 +214,14 @@ class NodeSimulator:
             if self.pod_resources is not None:
                 await self.pod_resources.stop()
             await self.registration.stop()
+            if self.plugin_watcher is not None:
+                await self.plugin_watcher.stop()  # DRA drivers are registered anew from plugins_registry
             self.manager.restart()
+            if self.dra is not None:
+                await self.dra.reload()  # the claim cache as the checkpoint has it
             await self.registration.start()
+            if self.plugin_watcher is not None:
+                await self.plugin_watcher.start()
             if self.pod_resources is not None:
                 await self.pod_resources.start()
         _logger.info("kubelet restarted", node=self.cfg.node_name)
@@ -227,7 +267,7 @@ class NodeSimulator:
             # API defaulting: requests default to limits.
             if resources.get("limits"):
                 resources["requests"] = {**resources["limits"], **(resources.get("requests") or {})}
-        if not spec.get("nodeName"):
+        if not spec.get("nodeName") and not has_claims(pod):
             spec["nodeName"] = self.cfg.node_name
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("schedulerName", "default-scheduler")
@@ -235,6 +275,9 @@ class NodeSimulator:
         spec.setdefault("dnsPolicy", "ClusterFirst")
         pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod)}
         stored = self.store.create(pod)
+        if has_claims(stored):
+            self.dra_scheduler.try_schedule(stored)  # binds and hands it to the kubelet when its claims fit
+            return self.store.get(meta["namespace"], meta["name"]) or stored
         self.kubelet.pod_created(stored)
         return stored
 

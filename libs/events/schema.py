@@ -22,11 +22,14 @@ __all__ = [
     "AllocationRefused",
     "AllocationReleased",
     "AnyEvent",
+    "ClaimPrepared",
+    "ClaimUnprepared",
     "ContainerResponse",
     "DeviceNode",
     "Event",
     "GpuHealthChanged",
     "GpuInfo",
+    "GpuModeChanged",
     "GpuShare",
     "InventoryRecorded",
     "MountSpec",
@@ -206,13 +209,60 @@ class AllocationCorrected(Event, tag="alloc.corrected", kw_only=True):
         return f"pod:{self.pod_uid}"
 
 
+# DRA claims: a prepared claim IS a grant (every fold, view, audit and metric that handles grants handles
+# it), with the claim's identity on top; an unprepare IS a release. Their own tags give them their own
+# NATS subjects (claim.prepared / claim.unprepared) and make them stand out in ``events``/``history``.
+class ClaimPrepared(AllocationGranted, tag="claim.prepared", kw_only=True):
+    """A DRA ResourceClaim was prepared on this node (NodePrepareResources); recorded before the kubelet
+    is answered. ``alloc_id`` is ``claim:<claim uid>``; ``pod_uid`` the first pod the claim is reserved
+    for (whose vcuda.sock serves it); ``container`` is empty (every container referencing the claim
+    gets it); ``device_ids`` are empty (no kubelet vcore IDs); ``cores``/``memory`` the consumed
+    capacity summed over the claim's GPUs."""
+
+    claim_uid: str
+    claim_namespace: str
+    claim_name: str
+    share_ids: tuple[str, ...] = ()          # the allocation result's shareIDs, one per device
+    request_names: tuple[str, ...] = ()      # the claim's request names, one per device
+    reserved_pods: tuple[str, ...] = ()      # pod UIDs in status.reservedFor at prepare time
+    cdi_device_ids: tuple[str, ...] = ()     # what the kubelet was told to hand the runtime
+
+    def stream(self) -> str:
+        return f"claim:{self.claim_uid}"
+
+
+class ClaimUnprepared(AllocationReleased, tag="claim.unprepared", kw_only=True):
+    """A prepared claim was unprepared (NodeUnprepareResources), or released by the watchdog because its
+    ResourceClaim is gone or no longer reserved for a live pod (``reason``). A later prepare of the same
+    claim for no new pod is stale and refused."""
+
+    claim_uid: str
+    reserved_pods: tuple[str, ...] = ()      # the pods it was reserved for when prepared
+
+    def stream(self) -> str:
+        return f"claim:{self.claim_uid}"
+
+
+class GpuModeChanged(Event, tag="gpu.mode", kw_only=True):
+    """Which kubelet API serves a GPU: the device plugin (tencent.com/vcuda-core) or the DRA driver.
+    Changed only while the GPU is idle, so a GPU's shares are always accounted under one mode."""
+
+    index: int
+    uuid: str
+    mode: str                       # device-plugin | dra
+    reason: str = "setting"         # setting | command
+
+    def stream(self) -> str:
+        return f"gpu:{self.uuid}"
+
+
 AnyEvent = (
     InventoryRecorded | AllocationGranted | AllocationReleased | AllocationRefused | AllocationImported
-    | AllocationCorrected | GpuHealthChanged
+    | AllocationCorrected | GpuHealthChanged | ClaimPrepared | ClaimUnprepared | GpuModeChanged
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (InventoryRecorded, AllocationGranted, AllocationReleased, AllocationRefused, AllocationImported,
-                AllocationCorrected, GpuHealthChanged)
+                AllocationCorrected, GpuHealthChanged, ClaimPrepared, ClaimUnprepared, GpuModeChanged)
 }

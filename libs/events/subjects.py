@@ -85,6 +85,21 @@ class Subjects:
         return self._cmd("allocator", "archive")
 
     @property
+    def claim_prepare(self) -> str:
+        """DRA NodePrepareResources, one claim: registrar -> allocator."""
+        return self._cmd("allocator", "claim-prepare")
+
+    @property
+    def claim_unprepare(self) -> str:
+        """DRA NodeUnprepareResources (or the watchdog's claim reconciliation): -> allocator."""
+        return self._cmd("allocator", "claim-unprepare")
+
+    @property
+    def gpu_mode(self) -> str:
+        """Move idle GPUs between the device plugin and the DRA driver: -> allocator."""
+        return self._cmd("allocator", "gpu-mode")
+
+    @property
     def pods(self) -> str:
         return self._cmd("watchdog", "pods")
 

@@ -30,6 +30,7 @@ from libs.events.codec import StoredEvent
 from libs.events.schema import AllocationGranted, GpuInfo, GpuShare
 from libs.ledger.rules import move_to_real_owner, takes_over
 from libs.ledger.views import (
+    ClaimPreparedView,
     CorrectionView,
     GrantView,
     HealthView,
@@ -171,7 +172,7 @@ class AuditFold:
             Holding(alloc_id=g.alloc_id, pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name,
                     container=g.container, init_container=g.init_container, cores=g.cores, memory=g.memory,
                     shares=g.shares, since=at, granted_seq=seq, request_id=g.request_id,
-                    source=g.source if isinstance(g, ImportView) else "allocate", core_limit=g.core_limit,
+                    source=_source(g), core_limit=g.core_limit,
                     charged=g.alloc_id not in uncharged, corrected_seq=corrected.get(g.alloc_id, 0))
             for seq, at, g in sorted(self.live.values(), key=lambda t: t[0])
         ]
@@ -192,6 +193,12 @@ class AuditFold:
                     gpu.holders.append(h.alloc_id)
         return AuditView(seq=self.seq, time=self.time, node=self.node,
                          gpus=[gpus[i] for i in sorted(gpus)], allocations=holders)
+
+
+def _source(g: GrantView) -> str:
+    if isinstance(g, ImportView):
+        return g.source
+    return "dra-claim" if isinstance(g, ClaimPreparedView) else "allocate"
 
 
 def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding]) -> None:

@@ -15,14 +15,26 @@ from libs.events.schema import (
     AllocationGranted,
     AllocationRefused,
     AllocationReleased,
+    ClaimPrepared,
+    ClaimUnprepared,
     ContainerResponse,
     GpuHealthChanged,
+    GpuModeChanged,
     GpuShare,
     InventoryRecorded,
 )
 from libs.ledger.rules import health_reason, move_to_real_owner, takes_over
 
-__all__ = ["Allocation", "GpuUsage", "LedgerSnapshot", "LedgerState"]
+__all__ = ["CLAIM_PREFIX", "MODE_DEVICE_PLUGIN", "MODE_DRA", "Allocation", "GpuUsage", "LedgerSnapshot",
+           "LedgerState", "claim_alloc_id"]
+
+CLAIM_PREFIX = "claim:"           # alloc_id of a prepared DRA claim: claim:<claim uid>
+MODE_DEVICE_PLUGIN = "device-plugin"
+MODE_DRA = "dra"
+
+
+def claim_alloc_id(claim_uid: str) -> str:
+    return CLAIM_PREFIX + claim_uid
 
 
 class Allocation(msgspec.Struct, gc=False, kw_only=True):
@@ -66,6 +78,7 @@ class GpuUsage(msgspec.Struct, kw_only=True):
     alloc_ids: list[str] = msgspec.field(default_factory=list)
     healthy: bool = True        # folded from gpu.health events
     health_reason: str = ""     # why it is unhealthy (empty when healthy)
+    mode: str = MODE_DEVICE_PLUGIN  # folded from gpu.mode events: which kubelet API serves the GPU
 
     @property
     def cores_free(self) -> int:
@@ -100,6 +113,11 @@ class LedgerState:
         self.refusals = 0
         self.releases = 0
         self.health: dict[str, GpuHealthChanged] = {}  # by GPU uuid: the last health transition
+        self.modes: dict[str, str] = {}  # by GPU uuid: dra | device-plugin (absent: device-plugin)
+        # DRA claims unprepared and not prepared again since: claim uid -> the pods it was reserved for
+        # (a prepare of one of them for no new pod is a stale retry; see ``stale_prepare``)
+        self.unprepared: dict[str, tuple[str, ...]] = {}
+        self.claim_pods: dict[str, tuple[str, ...]] = {}  # prepared claim uid -> its reservedFor pods
 
     # --- folding ---
     def apply(self, stored: StoredEvent) -> None:
@@ -129,6 +147,15 @@ class LedgerState:
         elif isinstance(ev, GpuHealthChanged):
             self.health[ev.uuid] = ev
             self._apply_health()
+        elif isinstance(ev, GpuModeChanged):
+            self.modes[ev.uuid] = ev.mode
+            self._apply_health()
+        if isinstance(ev, ClaimPrepared):
+            self.unprepared.pop(ev.claim_uid, None)
+            self.claim_pods[ev.claim_uid] = ev.reserved_pods
+        elif isinstance(ev, ClaimUnprepared):
+            self.unprepared[ev.claim_uid] = ev.reserved_pods
+            self.claim_pods.pop(ev.claim_uid, None)
         self.seq = stored.seq
         self.time = stored.recorded_at
 
@@ -192,8 +219,23 @@ class LedgerState:
             ev = self.health.get(gpu.uuid)
             gpu.healthy = ev is None or ev.healthy
             gpu.health_reason = health_reason(ev)
+            gpu.mode = self.modes.get(gpu.uuid, MODE_DEVICE_PLUGIN)
 
     # --- queries ---
+    def claims(self) -> dict[str, Allocation]:
+        """The prepared DRA claims by claim UID."""
+        return {a.alloc_id[len(CLAIM_PREFIX):]: a for a in self.allocations.values()
+                if a.alloc_id.startswith(CLAIM_PREFIX)}
+
+    def stale_prepare(self, claim_uid: str, reserved_pods: tuple[str, ...]) -> bool:
+        """A prepare of an unprepared claim that names no pod beyond those it was unprepared for: a
+        retry that lost the race with its unprepare (a claim reused by a NEW pod may be prepared again)."""
+        before = self.unprepared.get(claim_uid)
+        return before is not None and set(reserved_pods) <= set(before)
+
+    def gpus_in_mode(self, mode: str) -> list[GpuUsage]:
+        return [g for _, g in sorted(self.gpus.items()) if g.mode == mode]
+
     def pod_allocations(self, pod_uid: str) -> list[Allocation]:
         return sorted(
             (a for a in self.allocations.values() if a.pod_uid == pod_uid), key=lambda a: a.granted_seq

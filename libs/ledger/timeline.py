@@ -17,6 +17,8 @@ import msgspec
 from libs.events.codec import StoredEvent, format_time
 from libs.events.schema import GpuShare
 from libs.ledger.views import (
+    ClaimPreparedView,
+    ClaimUnpreparedView,
     CorrectionView,
     GrantView,
     HealthView,
@@ -54,10 +56,16 @@ class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 def _grant_entry(seq: int, at: int, g: GrantView) -> Entry:
     detail = f"imported from {g.source}" if isinstance(g, ImportView) else ""
-    return Entry(seq=seq, recorded_at=at, type="alloc.imported" if isinstance(g, ImportView) else "alloc.granted",
+    if isinstance(g, ClaimPreparedView):
+        detail = f"DRA claim {g.claim_namespace}/{g.claim_name} uid {g.claim_uid}"
+    return Entry(seq=seq, recorded_at=at, type=g.__struct_config__.tag,  # type: ignore[arg-type]
                  pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                  alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=g.request_id,
                  detail=detail)
+
+
+def _release_type(view: ReleaseView) -> str:
+    return "claim.unprepared" if isinstance(view, ClaimUnpreparedView) else "alloc.released"
 
 
 _COPIED = ("pod_uid", "namespace", "pod_name", "container", "alloc_id", "request_id")
@@ -107,7 +115,7 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
             elif isinstance(view, ReleaseView):
                 owner = live.pop(view.alloc_id, ("", "", 0))
                 if view.pod_uid in uids:
-                    out.append(Entry(seq=seq, recorded_at=at, type="alloc.released", pod_uid=view.pod_uid,
+                    out.append(Entry(seq=seq, recorded_at=at, type=_release_type(view), pod_uid=view.pod_uid,
                                      namespace=owner[0], pod_name=owner[1], container=view.container,
                                      alloc_id=view.alloc_id, detail=view.reason))
             elif isinstance(view, CorrectionView):
@@ -154,7 +162,7 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                 g = on_gpu.pop(view.alloc_id, None)
                 if g is not None:
                     shares = tuple(s for s in g.shares if _names_gpu(gpu, s.index, s.uuid))
-                    out.append(Entry(seq=seq, recorded_at=at, type="alloc.released", pod_uid=g.pod_uid,
+                    out.append(Entry(seq=seq, recorded_at=at, type=_release_type(view), pod_uid=g.pod_uid,
                                      namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                                      alloc_id=g.alloc_id, cores=sum(s.cores for s in shares),
                                      memory=sum(s.memory for s in shares), shares=shares, detail=view.reason))

@@ -25,6 +25,8 @@ from libs.events.schema import (
     AllocationGranted,
     AllocationImported,
     AllocationReleased,
+    ClaimPrepared,
+    ClaimUnprepared,
     GpuHealthChanged,
     GpuInfo,
     GpuShare,
@@ -36,6 +38,8 @@ from libs.store.rows import COLUMNS, row_to_stored
 
 __all__ = [
     "VIEWS",
+    "ClaimPreparedView",
+    "ClaimUnpreparedView",
     "CorrectionView",
     "GrantView",
     "HealthView",
@@ -75,6 +79,18 @@ class ReleaseView(msgspec.Struct, frozen=True, gc=False, tag="alloc.released"):
     pod_uid: str
     container: str
     reason: str
+
+
+class ClaimPreparedView(GrantView, frozen=True, gc=False, tag="claim.prepared"):
+    """A ``ClaimPrepared``: a DRA claim's grant, with the claim it is for."""
+
+    claim_uid: str = ""
+    claim_namespace: str = ""
+    claim_name: str = ""
+
+
+class ClaimUnpreparedView(ReleaseView, frozen=True, gc=False, tag="claim.unprepared"):
+    claim_uid: str = ""
 
 
 class InventoryView(msgspec.Struct, frozen=True, gc=False, tag="inventory.recorded"):
@@ -117,14 +133,17 @@ class HealthView(msgspec.Struct, frozen=True, gc=False, tag="gpu.health"):
 VIEWS: dict[type[msgspec.Struct], type[msgspec.Struct]] = {
     GrantView: AllocationGranted,
     ImportView: AllocationImported,
+    ClaimPreparedView: ClaimPrepared,
     ReleaseView: AllocationReleased,
+    ClaimUnpreparedView: ClaimUnprepared,
     InventoryView: InventoryRecorded,
     CorrectionView: AllocationCorrected,
     HealthView: GpuHealthChanged,
 }
 _VIEW_TAGS = {cls.__struct_config__.tag for cls in VIEWS}
 _decode_view = msgspec.msgpack.Decoder(
-    GrantView | ImportView | ReleaseView | InventoryView | CorrectionView | HealthView).decode
+    GrantView | ImportView | ClaimPreparedView | ReleaseView | ClaimUnpreparedView | InventoryView | CorrectionView
+    | HealthView).decode
 
 View = GrantView | ReleaseView | InventoryView | CorrectionView | HealthView
 
@@ -151,6 +170,9 @@ def _grant_view(ev: AllocationGranted) -> GrantView:
     fields = {f: getattr(ev, f) for f in GrantView.__struct_fields__}
     if isinstance(ev, AllocationImported):
         return ImportView(**fields, source=ev.source)
+    if isinstance(ev, ClaimPrepared):
+        return ClaimPreparedView(**fields, claim_uid=ev.claim_uid, claim_namespace=ev.claim_namespace,
+                                 claim_name=ev.claim_name)
     return GrantView(**fields)
 
 
@@ -159,6 +181,9 @@ def view_of(stored: StoredEvent) -> View | StoredEvent:
     ev = stored.event
     if isinstance(ev, AllocationGranted):
         return _grant_view(ev)
+    if isinstance(ev, ClaimUnprepared):
+        return ClaimUnpreparedView(alloc_id=ev.alloc_id, pod_uid=ev.pod_uid, container=ev.container,
+                                   reason=ev.reason, claim_uid=ev.claim_uid)
     if isinstance(ev, AllocationReleased):
         return ReleaseView(alloc_id=ev.alloc_id, pod_uid=ev.pod_uid, container=ev.container, reason=ev.reason)
     if isinstance(ev, InventoryRecorded):

@@ -24,6 +24,7 @@ from libs.store import EventLog
 from libs.store.archive import finish as finish_archive
 from libs.witness.node import Checkpointer, open_checkpointer
 from services.allocator.archiver import Archiver
+from services.allocator.claims import ClaimHandlers, apply_mode_setting
 from services.allocator.extender import AnnotationWriter
 from services.allocator.extraconfig import default_devices
 from services.allocator.handlers import Allocator
@@ -116,7 +117,10 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         if settings.log_retention_events:
             supervisor.spawn(archiver.retention_forever(lambda: events.last_seq), "log-retention")
         await archiver.serve(bus)
+        await apply_mode_setting(ledger, settings.dra_gpus)  # which GPUs DRA serves (idle ones only move)
+        claims = ClaimHandlers(settings, ledger, bus, hami=handlers.hami)
         await handlers.serve()
+        await claims.serve()
         yield AllocatorService(ledger=ledger, handlers=handlers, relay=relay, supervisor=supervisor, health=health,
                                usage=usage, metrics=metrics, archiver=archiver, metrics_server=server,
                                checkpointer=checkpointer)

@@ -42,7 +42,7 @@ from libs.events.schema import (
     GpuShare,
 )
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
-from libs.ledger.state import Allocation, LedgerState
+from libs.ledger.state import MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, LedgerState
 from libs.logger import get_logger
 from libs.placement.hami_response import HamiDelivery
 from libs.placement.placement import NoRoom, place
@@ -328,6 +328,7 @@ class Allocator:
         links = self.state.inventory.links if self.state.inventory else ()
         share_mode = self.settings.share_mode
         reused, view = reuse_view(self.state, cand.pod.uid, req.device_ids, init=cand.init)
+        view = [g for g in view if g.mode != MODE_DRA]  # GPUs the DRA driver serves are not the device plugin's
         on_theirs = place_on_reused(reused, view, links, cores=cores, memory=memory, share_mode=share_mode)
         if on_theirs is not None:
             return on_theirs
@@ -369,7 +370,7 @@ class Allocator:
             raise ServiceError(400, "no device IDs in the request")
         if len(set(device_ids)) != len(device_ids):
             raise ServiceError(400, "duplicate device IDs in the request")
-        capacity = 100 * len(self.state.gpus)
+        capacity = 100 * len(self.state.gpus_in_mode(MODE_DEVICE_PLUGIN))  # what the registrar advertises
         for dev in device_ids:
             m = _VCORE_ID.match(dev)
             if not m or int(m.group(1)) >= capacity:
@@ -508,7 +509,8 @@ class Allocator:
     async def inventory(self, _req: InventoryRequest) -> InventoryReply:
         if self.state.inventory is None:
             raise ServiceError(503, "no GPU inventory recorded yet")
-        return InventoryReply(inventory=self.state.inventory, share_mode=self.settings.share_mode)
+        return InventoryReply(inventory=self.state.inventory, share_mode=self.settings.share_mode,
+                              dra_gpus=[g.index for g in self.state.gpus_in_mode(MODE_DRA)])
 
     async def snapshot(self, _req: StateRequest) -> StateReply:
         return StateReply(snapshot=self.state.snapshot())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,15 +13,19 @@ from libs.commands import InventoryReply, InventoryRequest
 from libs.config import Settings
 from libs.errors import BusError
 from libs.events.codec import StoredEvent
-from libs.events.schema import InventoryRecorded
+from libs.events.schema import GpuModeChanged, InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.logger import get_logger
 from libs.runtime import Supervisor
 from services.registrar.catalog import DeviceCatalog
+from services.registrar.cdispecs import CdiSpecs
+from services.registrar.claimsource import ClaimSource
+from services.registrar.dra import DraPlugin, DraServers, rebuild_cdi
 from services.registrar.health import DeviceHealth
 from services.registrar.kubelet import KubeletRegistration
 from services.registrar.metrics import observe
 from services.registrar.plugin import DevicePlugin
+from services.registrar.slices import SlicePublisher
 
 __all__ = ["RegistrarService", "service"]
 
@@ -34,6 +38,7 @@ class RegistrarService:
     kubelet: KubeletRegistration
     supervisor: Supervisor
     health: DeviceHealth | None = None  # GPU health in ListAndWatch
+    dra: DraServers | None = None       # the DRA kubelet plugin, when dra_gpus names GPUs
 
 
 async def _load_catalog(bus: Bus, catalog: DeviceCatalog, timeout: float) -> None:
@@ -42,7 +47,7 @@ async def _load_catalog(bus: Bus, catalog: DeviceCatalog, timeout: float) -> Non
     while True:
         try:
             reply = await bus.request(bus.subjects.inventory, InventoryRequest(), InventoryReply, timeout=timeout)
-            await catalog.update(reply.inventory)
+            await catalog.update(reply.inventory, frozenset(reply.dra_gpus))
             return
         except BusError as exc:
             if waited >= 5.0:
@@ -55,10 +60,12 @@ async def _load_catalog(bus: Bus, catalog: DeviceCatalog, timeout: float) -> Non
 
 async def _serve(bus: Bus, catalog: DeviceCatalog, kubelet: KubeletRegistration, timeout: float) -> None:
     async def on_inventory(stored: StoredEvent) -> None:
-        if isinstance(stored.event, InventoryRecorded):
-            await catalog.update(stored.event)
+        # A new inventory or a GPU moved between the device plugin and DRA: ask for both again.
+        if isinstance(stored.event, InventoryRecorded | GpuModeChanged):
+            await _load_catalog(bus, catalog, timeout)
 
     await bus.subscribe_events(bus.subjects.event("inventory.recorded"), on_inventory)
+    await bus.subscribe_events(bus.subjects.event("gpu.mode"), on_inventory)
     await _load_catalog(bus, catalog, timeout)
     await kubelet.run()
 
@@ -77,4 +84,35 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         await stack.enter_async_context(observe(settings, plugins, catalog, health))
         supervisor.spawn(health.run(bus, settings.request_timeout), "gpu-health")
         supervisor.spawn(_serve(bus, catalog, kubelet, settings.request_timeout), "kubelet")
-        yield RegistrarService(catalog=catalog, kubelet=kubelet, supervisor=supervisor, health=health)
+        dra = None
+        if settings.dra_gpus:
+            from libs.kube.source import make_client  # lightkube, only when DRA is on
+
+            client = make_client(settings.kubeconfig)
+            stack.push_async_callback(client.close)
+            # the node's ResourceSlice, kept current with inventory and health
+            supervisor.spawn(SlicePublisher(client, catalog, health, settings.dra_gpus).run(), "resource-slices")
+            specs = CdiSpecs(Path(settings.cdi_dir))
+            plugin = DraPlugin(bus, ClaimSource(client), specs, node=settings.node_name,
+                               timeout=settings.dra_prepare_timeout, request_timeout=settings.request_timeout)
+            dra = DraServers(plugin, catalog, health, node=settings.node_name,
+                             endpoint=settings.dra_plugin_socket, registration=settings.dra_registration_socket)
+            await _until_answered(lambda: rebuild_cdi(bus, specs, settings.request_timeout))  # before any prepare
+            await dra.start()
+            stack.push_async_callback(dra.stop)
+        yield RegistrarService(catalog=catalog, kubelet=kubelet, supervisor=supervisor, health=health, dra=dra)
+
+
+async def _until_answered(call: Callable[[], Awaitable[object]], *, patience: float = 60.0) -> None:
+    """Retry a request to the allocator (it may start after us) for up to ``patience`` seconds."""
+    waited, delay = 0.0, 0.1
+    while True:
+        try:
+            await call()
+            return
+        except BusError:
+            if waited >= patience:
+                raise
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 2.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from libs.config import MEMORY_BLOCK
-from libs.events.schema import InventoryRecorded
+from libs.events.schema import GpuInfo, InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 
 __all__ = ["DeviceCatalog", "InvalidDevices"]
@@ -25,16 +25,23 @@ class DeviceCatalog:
 
     def __init__(self) -> None:
         self.inventory: InventoryRecorded | None = None
+        self.dra_gpus: frozenset[int] = frozenset()  # served by the DRA driver: not advertised here
         self.version = 0
         self.changed = asyncio.Condition()
         self._ids: dict[str, tuple[str, ...]] = {RESOURCE_VCORE: (), RESOURCE_VMEMORY: ()}
         self._known: dict[str, frozenset[str]] = {RESOURCE_VCORE: frozenset(), RESOURCE_VMEMORY: frozenset()}
 
-    async def update(self, inventory: InventoryRecorded) -> None:
-        if inventory == self.inventory:
+    @property
+    def device_plugin_gpus(self) -> list[GpuInfo]:
+        """The GPUs the device plugin advertises: the inventory's, less those DRA serves."""
+        return [g for g in self.inventory.gpus if g.index not in self.dra_gpus] if self.inventory else []
+
+    async def update(self, inventory: InventoryRecorded, dra_gpus: frozenset[int] = frozenset()) -> None:
+        if inventory == self.inventory and dra_gpus == self.dra_gpus:
             return
-        gpus = len(inventory.gpus)
-        blocks = sum(g.memory for g in inventory.gpus) // MEMORY_BLOCK
+        kept = [g for g in inventory.gpus if g.index not in dra_gpus]
+        gpus = len(kept)
+        blocks = sum(g.memory for g in kept) // MEMORY_BLOCK
         self._ids = {
             RESOURCE_VCORE: tuple(f"{RESOURCE_VCORE}-{i}" for i in range(gpus * 100)),
             RESOURCE_VMEMORY: tuple(f"{RESOURCE_VMEMORY}-{MEMORY_BLOCK}-{i}" for i in range(blocks)),
@@ -42,6 +49,7 @@ class DeviceCatalog:
         self._known = {name: frozenset(ids) for name, ids in self._ids.items()}
         async with self.changed:
             self.inventory = inventory
+            self.dra_gpus = dra_gpus
             self.version += 1
             self.changed.notify_all()
 

@@ -53,7 +53,7 @@ class DeviceHealth:
         if inv is None or not self.unhealthy:
             return out
         start = 0
-        for gpu in inv.gpus:
+        for gpu in self.catalog.device_plugin_gpus:
             size = 100 if resource == RESOURCE_VCORE else gpu.memory // MEMORY_BLOCK
             if gpu.uuid in self.unhealthy:
                 out[start : start + size] = [UNHEALTHY] * len(out[start : start + size])

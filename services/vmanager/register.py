@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 import grpc
 
 from libs.cgroups import encode_pids, find_container_cgroup, read_pids
-from libs.ledger.state import Allocation, LedgerState
+from libs.ledger.state import CLAIM_PREFIX, Allocation, LedgerState
 from libs.logger import get_logger
 from libs.vcuda import api_pb2 as pb
 from libs.vcuda import api_pb2_grpc as pb_grpc
@@ -65,6 +65,10 @@ class VDeviceRegistrations:
 
     def allocation_of(self, pod_uid: str, container: str) -> Allocation | None:
         held = [a for a in self.state.pod_allocations(pod_uid) if a.container == container]
+        if not held:
+            # A DRA claim's grant names no container: every container of the pod that references
+            # the claim (its CDI device mounts this pod's vcuda directory) gets the claim's limits.
+            held = [a for a in self.state.pod_allocations(pod_uid) if a.alloc_id.startswith(CLAIM_PREFIX)]
         return held[-1] if held else None  # the newest grant wins
 
     async def register(

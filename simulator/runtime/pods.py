@@ -186,7 +186,9 @@ class PodRuntime:
             annotations={**opts["annotations"], "io.kubernetes.container.restartCount": str(attempt)},
             log_path=f"{container['name']}/{attempt}.log",
             linux=cri.LinuxContainerConfig(resources=_resources(pod, container), security_context=security),
-            CDI_devices=[cri.CDIDevice(name=n) for n in opts.get("cdi_devices") or []],
+            # Resolved into devices, mounts and envs by the kubelet when it has a CDI dir (containerd 1.6
+            # has no CDI support); otherwise passed on for a runtime that resolves them itself.
+            CDI_devices=[] if opts.get("cdi_resolved") else [cri.CDIDevice(name=n) for n in opts["cdi_devices"]],
         )
 
     @staticmethod

@@ -104,3 +104,23 @@ async def rt_node_processes(nats_server: NatsServer, short_dir: Path, runtime_im
         await node.launcher.start_services()
         await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
         yield node
+
+
+@pytest.fixture
+async def rt_dra_node(nats_server: NatsServer, short_dir: Path, runtime_images: Path,
+                      fake_gpus: FakeGpus) -> AsyncIterator[RtNode]:
+    """Simulator on a real containerd with the kubelet's DRA half (plugin watcher, DRA manager, CDI
+    resolution), GPUs 0 and 1 in DRA mode, the DeviceClass and example claim templates; services in process."""
+    from tests.dra.e2e.helpers import claim_templates, deviceclass
+
+    dirs = {"plugins_registry_dir": short_dir / "reg", "cdi_dir": short_dir / "cdi"}
+    async with AsyncExitStack() as stack:
+        node = await start_rt_node(stack, short_dir, nats_server.url, runtime_images, fake_gpus,
+                                   sim_overrides={**dirs, "dra_state_dir": short_dir / "kubelet"},
+                                   dra_gpus="0,1", kubelet_plugins_dir=str(short_dir / "plugins"),
+                                   health_checks=False, **{k: str(v) for k, v in dirs.items()})
+        node.sim.dra_objects.classes.create(deviceclass())
+        for template in claim_templates():
+            node.sim.dra_objects.templates.create(template)
+        await start_services_in_process(stack, node, vcore=200)
+        yield node

@@ -151,11 +151,11 @@ def rt_settings(root: Path, nats_url: str, gpus: FakeGpus, **overrides: Any) -> 
     )
 
 
-async def start_rt_sim(root: Path, images: Path) -> NodeSimulator:
+async def start_rt_sim(root: Path, images: Path, **sim_overrides: Any) -> NodeSimulator:
     sim = NodeSimulator(SimConfig(
         node_name=NODE, device_plugin_dir=root / "dp", pod_resources_socket=root / "pr" / "kubelet.sock",
         kubeconfig_path=root / "kubeconfig", seed=7, runtime="containerd", runtime_dir=root / "rt",
-        runtime_images=images, container_retry_backoff=0.5))
+        runtime_images=images, container_retry_backoff=0.5, **sim_overrides))
     await sim.start()
     return sim
 
@@ -168,8 +168,8 @@ def assert_nothing_left(root: Path, handle: Any) -> None:
 
 
 async def start_rt_node(stack: AsyncExitStack, root: Path, url: str, images: Path, gpus: FakeGpus,
-                   **overrides: Any) -> RtNode:
-    sim = await start_rt_sim(root, images)
+                        sim_overrides: dict[str, Any] | None = None, **overrides: Any) -> RtNode:
+    sim = await start_rt_sim(root, images, **(sim_overrides or {}))
     handle = sim.runtime
 
     async def stop() -> None:
@@ -180,7 +180,7 @@ async def start_rt_node(stack: AsyncExitStack, root: Path, url: str, images: Pat
     return RtNode(sim=sim, settings=rt_settings(root, url, gpus, **overrides), gpus=gpus)
 
 
-async def start_services_in_process(stack: AsyncExitStack, node: RtNode) -> None:
+async def start_services_in_process(stack: AsyncExitStack, node: RtNode, *, vcore: int = 400) -> None:
     from services.allocator import app as allocator_app
     from services.registrar import app as registrar_app
     from services.vmanager import app as vmanager_app
@@ -193,4 +193,4 @@ async def start_services_in_process(stack: AsyncExitStack, node: RtNode) -> None
         "vmanager": await stack.enter_async_context(vmanager_app.service(s)),
         "registrar": await stack.enter_async_context(registrar_app.service(s)),
     }
-    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
+    await node.sim.wait_for_resource(RESOURCE_VCORE, vcore, timeout=20)

@@ -19,9 +19,10 @@ FACES: dict[str, tuple[str, ...] | None] = {
     "libs.bus": ("Bus", "LogFollower", "NatsServer", "Relay", "ensure_stream", "find_nats_server"),
     "libs.events": (
         "EVENT_TYPES", "AllocationCorrected", "AllocationGranted", "AllocationImported", "AllocationRefused",
-        "AllocationReleased", "AnyEvent", "ContainerResponse", "DeviceNode", "Event", "EventRecord",
-        "GpuHealthChanged", "GpuInfo", "GpuShare", "InventoryRecorded", "MountSpec", "StoredEvent", "Subjects",
-        "escape_token", "from_record", "register_upcaster", "to_record", "unescape_token",
+        "AllocationReleased", "AnyEvent", "ClaimPrepared", "ClaimUnprepared", "ContainerResponse", "DeviceNode",
+        "Event", "EventRecord", "GpuHealthChanged", "GpuInfo", "GpuModeChanged", "GpuShare", "InventoryRecorded",
+        "MountSpec", "StoredEvent", "Subjects", "escape_token", "from_record", "register_upcaster", "to_record",
+        "unescape_token",
     ),
     "libs.fleet": (
         "FLEET_DOMAIN", "FLEET_STREAM", "Credentials", "HubServer", "NodeLogin", "add_nodes", "ensure_fleet_stream",

@@ -1,0 +1,101 @@
+"""NodePrepareResources latency as the kubelet sees it: gRPC over the DRA unix socket, one claim per call.
+
+The allocator and registrar run in this process with their real parts (nats-server, the SQLite log,
+the DRA plugin, a real HTTP API serving the ResourceClaims, CDI spec files with fsync). Each measured
+call: ResourceClaim GET, NATS request to the allocator, decision + durable append of claim.prepared,
+CDI spec written atomically, reply. Each claim is unprepared after it was measured (not timed) so the
+GPU never fills. Floor: the plugin watcher's GetInfo on the same process (one gRPC round trip).
+
+    python -m bench.dra_prepare [--claims 1000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import grpc
+
+from libs.bus import NatsServer
+from libs.config import Settings
+from libs.kubelet.dra.v1 import api_pb2 as v1
+from libs.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
+from libs.kubelet.pluginregistration.v1 import api_pb2 as reg
+from libs.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from services.allocator import app as allocator_app
+from services.registrar import app as registrar_app
+from tests.dra.helpers import ClaimApi
+
+MIB = 1 << 20
+
+
+def _stats(ms: list[float]) -> dict[str, float]:
+    ms = sorted(ms)
+    return {"p50": round(ms[len(ms) // 2], 3), "p99": round(ms[int(len(ms) * 0.99)], 3),
+            "max": round(ms[-1], 3)}
+
+
+async def main(claims: int, warmup: int) -> dict[str, object]:
+    root = Path(tempfile.mkdtemp(prefix="bdra", dir="/tmp"))
+    nats = NatsServer(root / "nats")
+    url = await nats.start()
+    try:
+        with ClaimApi() as api:
+            settings = Settings(node_name="bench", state_dir=str(root / "s"), device_plugin_dir=str(root / "dp"),
+                                nats_url=url, gpus="fake", kubeconfig=api.kubeconfig(root / "kubeconfig"),
+                                dra_gpus="all", kubelet_plugins_dir=str(root / "plugins"),
+                                plugins_registry_dir=str(root / "reg"), cdi_dir=str(root / "cdi"),
+                                health_checks=False, log_level="warning", driver_volumes=False)
+            (root / "dp").mkdir()
+            total = claims + warmup
+            for i in range(total):
+                api.put("bench", f"c{i}", f"claim-{i:06d}", node="bench", devices=[(f"gpu-{i % 4}", 10, 256 * MIB)],
+                        pods=[(f"p{i}", f"00000000-0000-0000-0000-{i:012d}")])
+            async with AsyncExitStack() as stack:
+                await stack.enter_async_context(allocator_app.service(settings))
+                await stack.enter_async_context(registrar_app.service(settings))
+                prepare_ms: list[float] = []
+                floor_ms: list[float] = []
+                async with grpc.aio.insecure_channel(f"unix://{settings.dra_plugin_socket}") as ch, \
+                        grpc.aio.insecure_channel(f"unix://{settings.dra_registration_socket}") as rch:
+                    stub, rstub = v1_grpc.DRAPluginStub(ch), reg_grpc.RegistrationStub(rch)
+                    for i in range(total):
+                        claim = v1.Claim(namespace="bench", uid=f"claim-{i:06d}", name=f"c{i}")
+                        t0 = time.perf_counter()
+                        resp = await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim]),
+                                                               timeout=45)
+                        took = (time.perf_counter() - t0) * 1000
+                        if resp.claims[claim.uid].error:
+                            raise SystemExit(f"prepare failed: {resp.claims[claim.uid].error}")
+                        t0 = time.perf_counter()
+                        await rstub.GetInfo(reg.InfoRequest(), timeout=1)
+                        floor = (time.perf_counter() - t0) * 1000
+                        await stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[claim]), timeout=45)
+                        if i >= warmup:
+                            prepare_ms.append(took)
+                            floor_ms.append(floor)
+        return {"claims": claims, "prepare_ms": _stats(prepare_ms), "floor_getinfo_ms": _stats(floor_ms),
+                "loadavg": os.getloadavg(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    finally:
+        await nats.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--claims", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    result = asyncio.run(main(args.claims, args.warmup))
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
