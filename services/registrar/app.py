@@ -25,7 +25,6 @@ from services.registrar.health import DeviceHealth
 from services.registrar.kubelet import KubeletRegistration
 from services.registrar.metrics import observe
 from services.registrar.plugin import DevicePlugin
-from services.registrar.slices import SlicePublisher
 
 __all__ = ["RegistrarService", "service"]
 
@@ -87,6 +86,7 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         dra = None
         if settings.dra_gpus:
             from libs.kube.source import make_client  # lightkube, only when DRA is on
+            from services.registrar.slices import SlicePublisher
 
             client = make_client(settings.kubeconfig)
             stack.push_async_callback(client.close)

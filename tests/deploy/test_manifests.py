@@ -52,6 +52,9 @@ def _containers() -> dict[str, dict[str, Any]]:
 OPENS: dict[str, dict[str, bool]] = {
     "log_path": {"allocator": True},                      # ledger.sqlite (+ -wal, -shm, snapshots)
     "device_plugin_dir": {"registrar": True},
+    "kubelet_plugins_dir": {"registrar": True},            # the DRA plugin's socket
+    "plugins_registry_dir": {"registrar": True},           # its registration socket
+    "cdi_dir": {"registrar": True},                        # CDI specs of prepared claims
     "pod_resources_socket": {"allocator": True, "watchdog": True},
     "vm_root": {"vmanager": True},
     "vdriver_root": {"vmanager": True},
