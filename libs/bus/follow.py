@@ -20,6 +20,7 @@ import structlog
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
+from libs.bus.cancel import raise_if_cancelling
 from libs.bus.client import Bus
 from libs.events.codec import EventRecord, StoredEvent, from_record
 from libs.logger import correlation, get_logger
@@ -106,15 +107,6 @@ class LogFollower:
         finally:
             with contextlib.suppress(nats.errors.Error, APIError, OSError):
                 await sub.unsubscribe()
-
-
-def raise_if_cancelling(exc: BaseException | None) -> None:
-    """A cancellation can get lost below us: ``next_msg`` turns it into ConnectionClosedError on a
-    closing connection, and Python 3.11's ``wait_for`` inside it can swallow a cancellation that
-    races its timeout or its result. A follower being stopped must stop, not read on."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError from exc
 
 
 class _Reconnected(nats.errors.Error):

@@ -31,6 +31,7 @@ import nats.errors
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
+from libs.bus.cancel import honour_cancel, raise_if_cancelling
 from libs.bus.client import Bus
 from libs.events.codec import StoredEvent, to_record
 from libs.logger import get_logger
@@ -86,12 +87,12 @@ async def ensure_stream(bus: Bus) -> api.StreamInfo:
     subjects = bus.subjects.event_subjects()
     config = _stream_config(bus)
     try:
-        info = await js.stream_info(config.name)
+        info = await honour_cancel(js.stream_info(config.name))
     except NotFoundError:
-        return await js.add_stream(config)
+        return await honour_cancel(js.add_stream(config))
     if sorted(info.config.subjects or []) != sorted(subjects):
         config.metadata = info.config.metadata  # keep the record of an earlier rebuild
-        return await js.update_stream(config)
+        return await honour_cancel(js.update_stream(config))
     return info
 
 
@@ -120,6 +121,9 @@ class Relay:
                 await self._synced.wait()
 
     async def run(self) -> None:
+        """Publish until cancelled. Every NATS call awaited here directly goes through ``honour_cancel``:
+        a stop that nats-py lost on the way (see libs.bus.cancel) must end the relay, not leave it
+        running while its owner waits for it (the publishes run under gather, which re-raises it)."""
         backoff = 0.1
         while True:  # the broker may not be up yet: the events wait in the log
             try:
@@ -135,6 +139,7 @@ class Relay:
                 async with asyncio.timeout(self.poll_interval):
                     await self._wake.wait()
             self._wake.clear()
+            raise_if_cancelling(None)  # a stop that a NATS call below lost must still end the relay
             try:
                 await self._publish_pending()
                 backoff = 0.1
@@ -152,7 +157,7 @@ class Relay:
     async def _resync(self) -> None:
         stream = self.bus.subjects.stream
         try:
-            await self.bus.js.stream_info(stream)
+            await honour_cancel(self.bus.js.stream_info(stream))
         except NotFoundError:
             # A stream that this log was published to before is lost: its subscribers must hear of it (a
             # log with archived events was: only published events are archived). A node's first start
@@ -177,7 +182,7 @@ class Relay:
 
     async def _fork_at(self, seq: int) -> str | None:
         """Why the stream's event at ``seq`` is not the log's (None when it is)."""
-        msg = await self.bus.js.get_msg(self.bus.subjects.stream, seq)
+        msg = await honour_cancel(self.bus.js.get_msg(self.bus.subjects.stream, seq))
         mine = await self.event_log.read_after(seq - 1, 1)
         theirs = (msg.headers or {}).get(EVENT_ID_HEADER)
         if mine and theirs == mine[0].event_id:
@@ -196,17 +201,17 @@ class Relay:
         _logger.error("rebuilding the event stream from the log", stream=subjects.stream, cause=cause,
                       log_last_seq=self.event_log.last_seq, stream_last_seq=stream_last)
         with contextlib.suppress(NotFoundError):
-            await js.delete_stream(subjects.stream)
+            await honour_cancel(js.delete_stream(subjects.stream))
         oldest = await self.event_log.read_after(0, 1)
         first = oldest[0].seq if oldest else 1
         config = _stream_config(self.bus, {REBUILT_METADATA: f"{at} {cause}"})
         if first > 1:
             config.first_seq = first
-        await js.add_stream(config)
+        await honour_cancel(js.add_stream(config))
         self.rebuilds += 1
         notice = StreamRebuilt(node=subjects.node, stream=subjects.stream, cause=cause,
                                log_last_seq=self.event_log.last_seq, stream_last_seq_before=stream_last, at=at)
-        await self.bus.publish(rebuilt_subject(self.bus), notice)
+        await honour_cancel(self.bus.publish(rebuilt_subject(self.bus), notice))
         self.published = first - 1
         self._synced.set()
         self._wake.set()
