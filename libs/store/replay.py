@@ -77,7 +77,7 @@ def iter_events(
     conn: sqlite3.Connection, *, after_seq: int = 0, upto_seq: int | None = None
 ) -> Iterator[StoredEvent]:
     for row in iter_rows(conn, COLUMNS, after_seq=after_seq, upto_seq=upto_seq):
-        yield row_to_stored(row)
+        yield row_to_stored(row, conn)
 
 
 def last_seq_wanted(conn: sqlite3.Connection, upto_seq: int | None, upto_time: int | None) -> int | None:
