@@ -9,9 +9,10 @@ as a string (a 90-core share carried 90 IDs): about 1.6 KB a grant. Version 2 ke
   two per-container facts (``compat32``, HAMi-core's ``cache`` file name). The writer reproduces each
   response before it stores the grant and keeps ``response`` itself when the two differ, so what a
   reader gets is always the response really sent;
-- kubelet device IDs (``tencent.com/vcuda-core-<n>``) as ascending runs ``ids`` = [start, count, ...]
-  plus ``perm``, the position of each ID in that ascending order when the kubelet's order was another
-  (one byte each up to 256 IDs). IDs of another form stay strings in ``device_ids``.
+- kubelet device IDs (``tencent.com/vcuda-core-<n>``) as a set, ascending runs ``ids`` = [start,
+  count, ...] or a bitmap ``bits`` from ``ids`` = [first] (whichever is shorter), plus ``perm``, the
+  position of each ID in ascending order when the kubelet's order was another (one byte each up to
+  256 IDs). IDs of another form stay strings in ``device_ids``.
 
 The bodies are msgpack maps with the event's own field names for every field a narrow view reads
 (``libs.ledger.views``), so the audit replay decodes them as it decoded schema 1. Every reader gets the
@@ -72,6 +73,7 @@ class _Grant(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=
     shares: tuple[GpuShare, ...]
     core_limit: int | None = None
     ids: tuple[int, ...] = ()
+    bits: bytes = b""
     perm: bytes | tuple[int, ...] = b""
     device_ids: tuple[str, ...] = ()
     settings: bytes = b""
@@ -115,8 +117,12 @@ _decode = msgspec.msgpack.Decoder(_Grant | _Imported | _Corrected).decode
 # --- kubelet device IDs ---
 
 
-def encode_ids(device_ids: tuple[str, ...]) -> tuple[tuple[int, ...], bytes | tuple[int, ...]] | None:
-    """(runs, perm) for vcore IDs, None when one is of another form (kept as strings then)."""
+def encode_ids(device_ids: tuple[str, ...]) -> dict[str, object] | None:
+    """The body fields for vcore IDs, None when one is of another form (kept as strings then).
+
+    The set is ``ids`` = ascending runs [start, count, ...] or, when shorter (the kubelet picks IDs
+    scattered over the free ones), ``bits`` = [first, bitmap from first]; ``perm`` keeps the kubelet's
+    order (the position of each ID in ascending order) when it was not ascending."""
     nums = []
     for dev in device_ids:
         tail = dev[len(_VCORE):]
@@ -132,11 +138,20 @@ def encode_ids(device_ids: tuple[str, ...]) -> tuple[tuple[int, ...], bytes | tu
             runs[-1] += 1
         else:
             runs += [n, 1]
-    if nums == ordered:
-        return tuple(runs), b""
-    rank = {n: i for i, n in enumerate(ordered)}
-    positions = [rank[n] for n in nums]
-    return tuple(runs), bytes(positions) if len(positions) <= 256 else tuple(positions)
+    found: dict[str, object] = {"ids": tuple(runs)}
+    if ordered and (ordered[-1] - ordered[0]) // 8 + 4 < len(runs) * 2:
+        first, bitmap = ordered[0], bytearray((ordered[-1] - ordered[0]) // 8 + 1)
+        for n in ordered:
+            bitmap[(n - first) >> 3] |= 1 << ((n - first) & 7)
+        found = {"ids": (first,), "bits": bytes(bitmap)}
+    if nums != ordered:
+        rank = {n: i for i, n in enumerate(ordered)}
+        positions = [rank[n] for n in nums]
+        found["perm"] = bytes(positions) if len(positions) <= 256 else tuple(positions)
+    return found
+
+
+_BIT_OFFSETS = [tuple(i for i in range(8) if byte >> i & 1) for byte in range(256)]
 
 
 _ID_TEXT: list[str] = []
@@ -148,9 +163,13 @@ def _id_text(n: int) -> str:
     return _ID_TEXT[n]
 
 
-def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...]) -> tuple[str, ...]:
-    ordered = [_id_text(n) for start, count in zip(runs[::2], runs[1::2], strict=True)
-               for n in range(start, start + count)]
+def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...], bits: bytes = b"") -> tuple[str, ...]:
+    if bits:
+        first = runs[0]
+        ordered = [_id_text(first + (k << 3) + i) for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]]
+    else:
+        ordered = [_id_text(n) for start, count in zip(runs[::2], runs[1::2], strict=True)
+                   for n in range(start, start + count)]
     if not perm:
         return tuple(ordered)
     return tuple(ordered[i] for i in perm)
@@ -235,7 +254,7 @@ def _response_part(event: AllocationGranted | AllocationCorrected, cores: int,
 
 def _grant_body(ev: AllocationGranted, settings: ResponseSettings | None) -> _Grant:
     coded = encode_ids(ev.device_ids)
-    ids: dict[str, object] = {"device_ids": ev.device_ids} if coded is None else {"ids": coded[0], "perm": coded[1]}
+    ids: dict[str, object] = {"device_ids": ev.device_ids} if coded is None else coded
     common = dict(alloc_id=ev.alloc_id, request_id=ev.request_id, pod_uid=ev.pod_uid, namespace=ev.namespace,
                   pod_name=ev.pod_name, container=ev.container, container_index=ev.container_index,
                   init_container=ev.init_container, cores=ev.cores, memory=ev.memory, shares=ev.shares,
@@ -270,7 +289,7 @@ def expand(body: bytes, source: MetaSource, *, seq: int = 0) -> AllocationGrante
             previous_pod_uid=b.previous_pod_uid, previous_container=b.previous_container, reason=b.reason,
         )
     response = b.response or _reproduced(b, b.cores, source, seq)
-    device_ids = b.device_ids or decode_ids(b.ids, b.perm)
+    device_ids = b.device_ids or decode_ids(b.ids, b.perm, b.bits)
     fields = dict(alloc_id=b.alloc_id, request_id=b.request_id, pod_uid=b.pod_uid, namespace=b.namespace,
                   pod_name=b.pod_name, container=b.container, container_index=b.container_index,
                   init_container=b.init_container, cores=b.cores, memory=b.memory, device_ids=device_ids,
