@@ -1,7 +1,9 @@
 """Write a large synthetic allocation log, fast, in the exact format the allocator writes.
 
 The events are realistic: one inventory, then grants (each with its full Allocate response and its
-kubelet device IDs, as the allocator records them) and releases, two grants to one release. Rows go
+kubelet device IDs, stored compact as the allocator stores them: the response reproduced from the
+recorded ``SETTINGS``, the IDs as runs) and releases, two grants to one release. It prints the size
+of the file in bytes per event. Rows go
 through the same row encoding and hash chain as the writer (``libs.store.rows``), and SQLite's
 triggers still check every insert, but the file is written with ``synchronous=OFF`` in big
 transactions: durability does not matter for a benchmark input, time does (1M events in ~15 s).

@@ -154,25 +154,31 @@ def encode_ids(device_ids: tuple[str, ...]) -> dict[str, object] | None:
 _BIT_OFFSETS = [tuple(i for i in range(8) if byte >> i & 1) for byte in range(256)]
 
 
-_ID_TEXT: list[str] = []
+_ID_TEXT: list[str] = []  # the ID strings, made once per process: a replay spells out millions of IDs
 
 
-def _id_text(n: int) -> str:
-    if n >= len(_ID_TEXT):  # the strings are made once per process: a replay builds millions of IDs
-        _ID_TEXT.extend(f"{_VCORE}{i}" for i in range(len(_ID_TEXT), max(n + 1, 2 * len(_ID_TEXT), 1024)))
-    return _ID_TEXT[n]
+def _id_texts(upto: int) -> list[str]:
+    if upto > len(_ID_TEXT):
+        _ID_TEXT.extend(f"{_VCORE}{i}" for i in range(len(_ID_TEXT), max(upto, 2 * len(_ID_TEXT), 1024)))
+    return _ID_TEXT
 
 
 def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...], bits: bytes = b"") -> tuple[str, ...]:
+    if not runs:
+        return ()  # an import without the kubelet's checkpoint
     if bits:
         first = runs[0]
-        ordered = [_id_text(first + (k << 3) + i) for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]]
+        texts = _id_texts(first + 8 * len(bits))
+        ordered = [texts[first + (k << 3) + i] for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]]
+    elif len(runs) == 2:
+        start, count = runs
+        ordered = _id_texts(start + count)[start:start + count]
     else:
-        ordered = [_id_text(n) for start, count in zip(runs[::2], runs[1::2], strict=True)
-                   for n in range(start, start + count)]
+        texts = _id_texts(max(s + c for s, c in zip(runs[::2], runs[1::2], strict=True)))
+        ordered = [t for s, c in zip(runs[::2], runs[1::2], strict=True) for t in texts[s:s + c]]
     if not perm:
         return tuple(ordered)
-    return tuple(ordered[i] for i in perm)
+    return tuple([ordered[i] for i in perm])
 
 
 # --- recorded settings ---
