@@ -27,7 +27,7 @@ import uuid
 from itertools import islice
 from pathlib import Path
 
-from bench.make_log import synthetic
+from bench.make_log import SETTINGS, synthetic
 from libs.events.schema import AllocationGranted, Event
 from libs.store import EventLog
 from libs.store.log import create_schema
@@ -58,7 +58,7 @@ def raw_floor(path: Path, events: list[Event], seconds: float) -> dict[str, floa
         ev = events[n]
         n += 1
         at = max(time.time_ns(), at)
-        row = event_row(n, at, f"raw:{n}", 1, ev, uuid.uuid4().bytes, None)
+        row = event_row(n, at, f"raw:{n}", 1, ev, uuid.uuid4().bytes, None, SETTINGS)
         prev = chain_hash(prev, row)
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(_INSERT, (*row, prev))
@@ -70,7 +70,7 @@ def raw_floor(path: Path, events: list[Event], seconds: float) -> dict[str, floa
 
 
 async def group_commit(path: Path, events: list[Event], writers: int, seconds: float) -> dict[str, float]:
-    event_log = await EventLog.open(path)
+    event_log = await EventLog.open(path, response_settings=SETTINGS)  # as the allocator stores grants
     lat: list[float] = []
     stop = time.perf_counter() + seconds
     cursor = iter(events)

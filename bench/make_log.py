@@ -1,7 +1,9 @@
 """Write a large synthetic allocation log, fast, in the exact format the allocator writes.
 
 The events are realistic: one inventory, then grants (each with its full Allocate response and its
-kubelet device IDs, as the allocator records them) and releases, two grants to one release. Rows go
+kubelet device IDs, stored compact as the allocator stores them: the response reproduced from the
+recorded ``SETTINGS``, the IDs as runs) and releases, two grants to one release. It prints the size
+of the file in bytes per event. Rows go
 through the same row encoding and hash chain as the writer (``libs.store.rows``), and SQLite's
 triggers still check every insert, but the file is written with ``synchronous=OFF`` in big
 transactions: durability does not matter for a benchmark input, time does (1M events in ~15 s).
@@ -28,15 +30,19 @@ from libs.events.schema import (
     GpuShare,
     InventoryRecorded,
 )
+from libs.placement.recorded import ResponseSettings
 from libs.placement.responses import build_response
+from libs.store.compact import settings_row
 from libs.store.log import create_schema
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
 
-__all__ = ["GPUS", "START_NS", "synthetic", "write_log"]
+__all__ = ["GPUS", "SETTINGS", "START_NS", "synthetic", "write_log"]
 
 GPUS = 8
 GIB = 1 << 30
 START_NS = 1_790_000_000_000_000_000  # 2026-09-21: a fixed start, so two runs give the same times
+# The response settings the synthetic grants are built with (what the allocator records in meta).
+SETTINGS = ResponseSettings(vm_root="/var/lib/gpuledger/vm", vdriver_root="/var/lib/gpuledger/vdriver")
 _INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
@@ -75,6 +81,7 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
     create_schema(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous=OFF")
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", settings_row(SETTINGS))
     seq, at, prev = 0, START_NS, GENESIS_HASH
     last = conn.execute("SELECT seq, recorded_at, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
     if last:
@@ -105,7 +112,7 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
         if isinstance(ev, AllocationReleased):
             versions.pop(stream, None)  # a synthetic pod is done after its release: keep the dict small
         command = ev.request_id if isinstance(ev, AllocationGranted) else None
-        row = event_row(seq, at, stream, version, ev, rng.randbytes(16), command)
+        row = event_row(seq, at, stream, version, ev, rng.randbytes(16), command, SETTINGS)
         prev = chain_hash(prev, row)
         rows.append((*row, prev))
         if len(rows) >= 20_000:

@@ -30,6 +30,7 @@ from libs.errors import GpuledgerError, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import AllocationImported, GpuInfo, GpuShare, InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE
+from libs.placement.recorded import ResponseSettings
 from libs.placement.responses import build_response
 from libs.store import EventLog
 
@@ -162,7 +163,9 @@ async def import_checkpoint(path: Path, settings: Settings, inventory: Inventory
     """Append the checkpoint's allocations (and, into an empty log, the inventory first)."""
     device_ids = kubelet_device_ids(kubelet_checkpoint) if kubelet_checkpoint is not None else None
     command_id = "import:" + hashlib.sha256(path.read_bytes()).hexdigest()[:32]
-    event_log = await EventLog.open(settings.log_path)  # takes the writer lock: refuses while the allocator runs
+    recorded = ResponseSettings.of(settings.vm_root, settings.vdriver_root)  # what plan_import builds with
+    # Takes the writer lock: refuses while the allocator runs.
+    event_log = await EventLog.open(settings.log_path, response_settings=recorded)
     try:
         earlier = await event_log.queries.by_command(command_id)
         if earlier:

@@ -99,7 +99,7 @@ def restore(state_dir: str, backup: Path | None, nats_url: str | None, node_name
     from gpuledger.agent_file import locate
     from libs.ledger.snapshot import read_header, snapshot_path
     from libs.store.log import writer_lock
-    from libs.store.restore import set_aside, swap_in, write_restored
+    from libs.store.restore import recorded_settings, set_aside, swap_in, write_restored
     from libs.store.verify import verify_log
 
     if backup is not None and nats_url is not None:
@@ -116,7 +116,10 @@ def restore(state_dir: str, backup: Path | None, nats_url: str | None, node_name
                 target = locate(nats_url=nats_url, node_name=node_name, state_dir=state_dir)
                 source = f"stream of node {target.node!r} on {target.nats_url}"
                 events = asyncio.run(_stream_events(target.nats_url, target.node, timeout))
-                write_restored(fresh, events)  # type: ignore[arg-type]
+                # The grants' compact form names the response settings they were written under: the
+                # damaged log's own record of them where it can still be read, else this node's.
+                known = [*recorded_settings(path), *_configured_settings(Settings(state_dir=state_dir))]
+                write_restored(fresh, events, list(dict.fromkeys(known)))  # type: ignore[arg-type]
             report = verify_log(fresh)
             if not report.ok:
                 raise StoreError(f"the restored log is not intact at seq {report.first_bad_seq}: {report.problem}")
@@ -140,6 +143,20 @@ def restore(state_dir: str, backup: Path | None, nats_url: str | None, node_name
                    f"snapshot of the damaged log recorded")
     for old in kept:
         click.echo(f"kept: {old}")
+
+
+def _configured_settings(settings: Settings) -> list[Any]:
+    """The response settings the allocator builds with under ``settings`` ([] when its --extra-config
+    cannot be read: the restore then relies on the log's record, or keeps the responses)."""
+    from libs.placement.hami_response import HamiDelivery
+    from libs.placement.recorded import ResponseSettings
+    from services.allocator.extraconfig import default_devices
+
+    try:
+        extra = default_devices(settings.extra_config)
+    except GpuledgerError:
+        return []
+    return [ResponseSettings.of(settings.vm_root, settings.vdriver_root, extra, HamiDelivery.from_settings(settings))]
 
 
 async def _ask(nats_url: str, node: str, before: int, keep: int, timeout: float) -> Any:

@@ -22,6 +22,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from libs.bus.cancel import raise_if_cancelling
 from libs.bus.client import Bus
+from libs.bus.outbox import ROW_HASH_HEADER
 from libs.events.codec import EventRecord, StoredEvent, from_record
 from libs.logger import correlation, get_logger
 
@@ -94,6 +95,8 @@ class LogFollower:
                 if record.seq != self.last_seq + 1:  # a gap: never skip events, read from our position again
                     raise _Reconnected(f"gap: expected seq {self.last_seq + 1}, got {record.seq}")
                 stored = from_record(record)
+                if msg.headers and ROW_HASH_HEADER in msg.headers:  # the row's chain hash (a restore checks it)
+                    stored = msgspec.structs.replace(stored, row_hash=msg.headers[ROW_HASH_HEADER])
                 # The command that caused the event (an Allocate's request id) and the allocation and pod it
                 # concerns: the handler's log lines can be followed back to it.
                 bound = correlation(stored.event, request_id=stored.command_id)

@@ -99,7 +99,11 @@ class InventoryRecorded(Event, tag="inventory.recorded", kw_only=True):
 
 
 class AllocationGranted(Event, tag="alloc.granted", kw_only=True):
-    """A container was given GPU shares; recorded before the kubelet is answered."""
+    """A container was given GPU shares; recorded before the kubelet is answered.
+
+    The log stores it compact (``libs.store.compact``, body version 2 in the ``schema_v`` column: no
+    response, device IDs as runs); every reader, and the JSON record (still schema 1: its fields did not
+    change), gets these fields, the response reproduced byte for byte."""
 
     alloc_id: str
     request_id: str
@@ -188,7 +192,7 @@ class AllocationCorrected(Event, tag="alloc.corrected", kw_only=True):
     """The kubelet's pod-resources API showed that a grant's device IDs belong to another pod or
     container than the allocator guessed at Allocate: the grant now belongs to that container, with
     its limits. The kubelet device IDs and the cores stay; memory, shares and response follow the
-    real owner."""
+    real owner. Stored compact, as ``AllocationGranted``."""
 
     alloc_id: str
     pod_uid: str

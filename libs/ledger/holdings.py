@@ -214,7 +214,7 @@ def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding]) -> None:
 def grant_device_ids(conn: sqlite3.Connection, seq: int) -> tuple[str, ...]:
     """The kubelet device IDs of the grant at ``seq`` (read in full: rare, so simple)."""
     row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
-    ev = row_to_stored(row).event
+    ev = row_to_stored(row, conn).event
     return ev.device_ids if isinstance(ev, AllocationGranted) else ()
 
 

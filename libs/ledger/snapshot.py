@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import os
 import pickle
 import time
@@ -29,12 +30,14 @@ from pathlib import Path
 
 import msgspec
 
+from libs import hami
 from libs.events import codec, schema
 from libs.ledger import rules
 from libs.ledger import state as state_module
 from libs.ledger.state import LedgerState
 from libs.logger import get_logger
-from libs.store import rows
+from libs.placement import recorded, responses
+from libs.store import compact, rows
 from libs.store.replay import open_reader, replay
 
 __all__ = [
@@ -75,7 +78,10 @@ def snapshot_path(log_path: Path) -> Path:
 
 # Every module whose code decides what the pickled state holds: the fold and all it reads events with
 # (tests/audit/test_snapshots.py checks that each libs module they import is listed or fold-neutral).
-FOLD_MODULES = (schema, codec, rows, rules, state_module)
+# The compact log's modules are among them: a grant's response is reproduced when its row is read.
+# (libs.placement re-exports a function named like its hami_response module, hence import_module.)
+FOLD_MODULES = (schema, codec, rows, compact, recorded, responses,
+                importlib.import_module("libs.placement.hami_response"), hami, rules, state_module)
 
 
 def code_rev() -> str:

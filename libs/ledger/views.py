@@ -33,6 +33,7 @@ from libs.events.schema import (
     InventoryRecorded,
 )
 from libs.ledger.rules import health_reason
+from libs.store.compact import COMPACT_TYPES, COMPACT_V
 from libs.store.replay import iter_rows
 from libs.store.rows import COLUMNS, row_to_stored
 
@@ -155,6 +156,7 @@ def iter_views(
     # Only the columns the views need: each extra column costs ~10% of the scan. The rare row that
     # needs the full decode (an old schema version, a type without a view) is read again by seq.
     current = {tag: EVENT_TYPES[tag].SCHEMA for tag in _VIEW_TAGS if tag in EVENT_TYPES}
+    current.update(dict.fromkeys(COMPACT_TYPES, COMPACT_V))  # compact bodies keep the viewed fields' names
     for seq, at, type_name, schema_v, payload in iter_rows(
         conn, "seq, recorded_at, type, schema_v, payload", after_seq=after_seq, upto_seq=upto_seq
     ):
@@ -162,7 +164,7 @@ def iter_views(
             yield seq, at, _decode_view(payload)
         else:
             row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
-            yield seq, at, row_to_stored(row)
+            yield seq, at, row_to_stored(row, conn)
 
 
 def _grant_view(ev: AllocationGranted) -> GrantView:

@@ -8,6 +8,7 @@ gpu-manager's ContainerAllocateResponse, turned into HAMi-core's form by `hami_r
 
 from libs.placement.hami_response import HamiDelivery, hami_response
 from libs.placement.placement import Links, place, topology
+from libs.placement.recorded import ResponseSettings, reproduce
 from libs.placement.responses import VCUDA_MOUNTPOINT, build_response
 from libs.placement.reuse import place_on_reused, reuse_view, without
 
@@ -15,10 +16,12 @@ __all__ = [
     "VCUDA_MOUNTPOINT",
     "HamiDelivery",
     "Links",
+    "ResponseSettings",
     "build_response",
     "hami_response",
     "place",
     "place_on_reused",
+    "reproduce",
     "reuse_view",
     "topology",
     "without",

@@ -59,9 +59,12 @@ def _memory_limits(shares: tuple[GpuShare, ...] | list[GpuShare]) -> dict[str, s
 
 def hami_response(
     base: ContainerResponse, delivery: HamiDelivery, *, shares: tuple[GpuShare, ...] | list[GpuShare],
-    cores: int, pod_uid: str, container: str,
+    cores: int, pod_uid: str, container: str, cache_token: str | None = None,
 ) -> ContainerResponse:
-    """The vcuda response ``base`` turned into HAMi-core's form (for fractional containers)."""
+    """The vcuda response ``base`` turned into HAMi-core's form (for fractional containers).
+
+    ``cache_token`` names the shared-region cache file; a fresh random one when None (a grant), the
+    recorded one when the log reproduces the response it sent."""
     if cores >= 100 or not shares:
         return base
     if not container:
@@ -71,7 +74,7 @@ def hami_response(
         "NVIDIA_VISIBLE_DEVICES": base.envs.get("NVIDIA_VISIBLE_DEVICES", ""),
         **_memory_limits(shares),
         "CUDA_DEVICE_SM_LIMIT": str(min(shares[0].cores, 100)),
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{delivery.mount_dir}/{uuid.uuid4().hex}.cache",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{delivery.mount_dir}/{cache_token or uuid.uuid4().hex}.cache",
     }
     mounts = (
         MountSpec(container_path=DRIVER_MOUNTPOINT, host_path=delivery.origin_volume, read_only=True),

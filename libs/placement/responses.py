@@ -32,6 +32,7 @@ def build_response(
     extra_devices: Sequence[str] = (),
     hami: HamiDelivery | None = None,  # limit_delivery=hami-core
     container: str = "",
+    cache_token: str | None = None,  # hami-core: the recorded cache file name (None: a fresh one)
 ) -> ContainerResponse:
     device_paths = [f"/dev/nvidia{s.minor}" for s in shares]
     devices = tuple(
@@ -56,5 +57,6 @@ def build_response(
         },
     )
     if hami is not None:
-        return hami_response(response, hami, shares=shares, cores=cores, pod_uid=pod_uid, container=container)
+        return hami_response(response, hami, shares=shares, cores=cores, pod_uid=pod_uid, container=container,
+                             cache_token=cache_token)
     return response

@@ -2,12 +2,15 @@
 
 Bounded growth without giving up the history. ``<state-dir>/ledger.archive/`` holds one file per
 segment, ``<first seq>-<last seq>.seg.zst`` (12 digits each): a zstd-compressed SQLite database with
-the rows first..last exactly as the live log held them (every column and the chain hash) and a
+the rows first..last exactly as the live log held them (every column and the chain hash), a
 ``segment`` table naming its first/last seq, the hash before its first row and the hash after its
-last. The hash chain simply continues: segment 1 chains from the genesis hash, each next segment from
-the previous one's last hash, and the live log's first row from the last segment's last hash. The
-live log's ``archive_segments`` table is the catalog (range, hashes, the file's sha256); readers
-(replay.py ``open_reader``) and ``audit verify`` (verify.py) go through it.
+last, and a ``meta`` table with the live log's recorded response settings (``response-settings:*``,
+docs/compact-log.md): the compact grants a segment holds name them, so a segment is readable on its
+own (readers see the live log's and the segments' settings as one ``meta``). The hash chain simply
+continues: segment 1 chains from the genesis hash, each next segment from the previous one's last hash,
+and the live log's first row from the last segment's last hash. The live log's ``archive_segments``
+table is the catalog (range, hashes, the file's sha256); readers (replay.py ``open_reader``) and
+``audit verify`` (verify.py) go through it.
 
 How rows leave the live log. The log refuses UPDATE and DELETE for everyone; the one exception is a
 guarded trigger (schema.py): DELETE of the *oldest* row, and only when a *recorded* segment holds it.
@@ -46,6 +49,7 @@ import msgspec
 
 from libs.errors import StoreError
 from libs.logger import get_logger
+from libs.store.compact import SETTINGS_PREFIX
 from libs.store.rows import COLUMNS, GENESIS_HASH
 
 __all__ = [
@@ -73,7 +77,10 @@ _SEGMENT_DDL = (
        command_id TEXT, payload BLOB NOT NULL, hash BLOB NOT NULL) STRICT""",
     """CREATE TABLE segment (first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, prev_hash BLOB NOT NULL,
        last_hash BLOB NOT NULL) STRICT""",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT",
 )
+# The live log's meta rows a segment carries: the response settings its compact grants are reproduced from.
+_SETTINGS_ROWS = f"SELECT key, value FROM main.meta WHERE key LIKE '{SETTINGS_PREFIX}%'"
 
 
 class Segment(msgspec.Struct, kw_only=True):
@@ -201,6 +208,7 @@ def write_segment(log_path: Path, conn: sqlite3.Connection, first: int, last: in
             if got != last - first + 1:
                 raise StoreError(f"the live log holds {got} of the rows {first}..{last}: nothing archived")
             seg.execute("INSERT INTO segment VALUES (?, ?, ?, ?)", (first, last, prev_hash, last_hash))
+            seg.executemany("INSERT INTO meta VALUES (?, ?)", conn.execute(_SETTINGS_ROWS).fetchall())
             seg.execute("COMMIT")
         finally:
             seg.close()
@@ -457,11 +465,16 @@ def materialize(log_path: Path, segments: list[Segment]) -> Path:
             conn.execute("PRAGMA journal_mode=OFF")
             conn.execute("PRAGMA synchronous=OFF")
             conn.execute("DROP TABLE segment")
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT")
             for seg in segments[1:]:
-                with _opened_checked(folder / seg.file) as (_, plain):
+                with _opened_checked(folder / seg.file) as (part_conn, plain):
+                    has_meta = part_conn.execute(
+                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
                     conn.execute("ATTACH ? AS part", (f"file:{plain}?mode=ro&immutable=1",))
                     try:
                         conn.execute("INSERT INTO main.events SELECT * FROM part.events")
+                        if has_meta:  # a segment written before the compact log has none
+                            conn.execute("INSERT OR IGNORE INTO main.meta SELECT key, value FROM part.meta")
                     finally:
                         conn.execute("DETACH part")
         finally:

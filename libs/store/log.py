@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from libs.errors import StartRefused, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
+from libs.placement.recorded import ResponseSettings
 from libs.store.format import LOG_FORMAT_VERSION
 from libs.store.queries import LogQueries
 from libs.store.replay import replay, unreadable
@@ -120,18 +121,20 @@ def writer_lock(path: Path) -> int:
 
 
 class EventLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, response_settings: ResponseSettings | None = None) -> None:
         self.path = path
         self._lock_fd: int | None = None
         self._listeners: list[Callable[[int], None]] = []
         self._event_listeners: list[Callable[[list[StoredEvent]], None]] = []
-        self._writer = LogWriter(path, on_commit=self._committed)
+        self._writer = LogWriter(path, on_commit=self._committed, response_settings=response_settings)
         self.queries = LogQueries(path)
 
     @classmethod
-    async def open(cls, path: str | Path) -> EventLog:
+    async def open(cls, path: str | Path, *, response_settings: ResponseSettings | None = None) -> EventLog:
+        """``response_settings``: what the responses of the grants appended are built with (their
+        stored form omits a response these settings reproduce; without them every response is kept)."""
         path = Path(path)
-        event_log = cls(path)
+        event_log = cls(path, response_settings)
         event_log._lock_fd = writer_lock(path)  # first: a second writer, a read-only dir, are refused in one line
         try:
             await asyncio.to_thread(create_schema, path)

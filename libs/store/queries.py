@@ -47,7 +47,7 @@ class LogQueries:
     async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[StoredEvent]:
         conn = await self._connection()
         rows = await conn.execute_fetchall(sql, args)
-        return [row_to_stored(r) for r in rows]
+        return [row_to_stored(r, self.path) for r in rows]
 
     async def read_after(self, after_seq: int, limit: int = 512) -> list[StoredEvent]:
         sql = f"SELECT {COLUMNS}, hash FROM events WHERE seq > ? ORDER BY seq LIMIT ?"  # the relay sends the hash

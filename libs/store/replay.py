@@ -7,7 +7,8 @@ Reads run in chunks inside one read transaction, which sees a consistent snapsho
 Archived events (archive.py) are read transparently: ``open_reader`` gives a connection on which the
 name ``events`` is a temporary view over the recorded archive segments (decompressed into one
 temporary file, attached read-only and already unlinked) followed by the live log, so every query of
-``events`` (scans in seq order, lookups by seq, by time) sees the whole history. A reader that only
+``events`` (scans in seq order, lookups by seq, by time) sees the whole history; likewise ``meta`` spans
+the live log's and the segments' (where the response settings of compact grants are recorded). A reader that only
 needs seqs from ``from_seq`` on (a snapshot's tail) decompresses only the segments that reach it, and
 none when the live log holds them all.
 """
@@ -74,6 +75,9 @@ def _span_archives(conn: sqlite3.Connection, path: Path, from_seq: int) -> None:
     finally:
         plain.unlink(missing_ok=True)  # the open file stays readable; nothing is left behind
     conn.execute(f"CREATE TEMP VIEW events AS SELECT {_VIEW_COLUMNS} FROM archived.events UNION ALL {live}")
+    # Recorded settings are content addressed (the same key always holds the same value): UNION drops the
+    # copies; a segment's own rows let its compact grants be read even where the live log lacks them.
+    conn.execute("CREATE TEMP VIEW meta AS SELECT key, value FROM main.meta UNION SELECT key, value FROM archived.meta")
 
 
 def unreadable(path: Path | str, exc: sqlite3.DatabaseError) -> StoreError:
@@ -139,7 +143,7 @@ def iter_events(
     conn: sqlite3.Connection, *, after_seq: int = 0, upto_seq: int | None = None
 ) -> Iterator[StoredEvent]:
     for row in iter_rows(conn, COLUMNS, after_seq=after_seq, upto_seq=upto_seq):
-        yield row_to_stored(row)
+        yield row_to_stored(row, conn)
 
 
 def last_seq_wanted(conn: sqlite3.Connection, upto_seq: int | None, upto_time: int | None) -> int | None:

@@ -7,6 +7,13 @@ the damaged file (with its -wal/-shm and the fold snapshot taken from it) is kep
 the writer hashes, so the result passes ``gpuledger audit verify``; an event of an older schema that
 the stream carries upcast is stored at its current schema version (its hash then differs from the
 original's, which ``log restore`` reports against the snapshot's recorded hash when there is one).
+
+A stream record spells a grant's response out; the log stored it compact (docs/compact-log.md), named by
+the response settings it was written under. Each grant is stored again in the form whose chain hash is
+the one the stream carries (``rows.rebuilt_row``: under one of the given response settings, with its
+response kept, or as body version 1), so a restored log is the lost one byte for byte when the settings
+are known; the settings used are recorded in the new log's ``meta``. Without a match the grant is stored
+with its response kept: still exact to read, only the hash differs.
 """
 
 from __future__ import annotations
@@ -14,22 +21,28 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+import msgspec
 
 from libs.errors import StoreError
 from libs.events.codec import StoredEvent
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
+from libs.placement.recorded import ResponseSettings
+from libs.store.compact import SETTINGS_PREFIX, settings_row
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, rebuilt_row
 from libs.store.writer import connect
 
-__all__ = ["set_aside", "swap_in", "write_restored"]
+__all__ = ["recorded_settings", "set_aside", "swap_in", "write_restored"]
 
 _INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _COMPANIONS = ("-wal", "-shm")
 
 
-def write_restored(path: Path, events: Iterable[StoredEvent]) -> tuple[int, dict[int, str]]:
-    """Write ``events`` (seq 1, 2, ... without a gap) as a fresh log at ``path``; (count, seq -> hex hash)."""
+def write_restored(path: Path, events: Iterable[StoredEvent], response_settings: Sequence[ResponseSettings] = ()
+                   ) -> tuple[int, dict[int, str]]:
+    """Write ``events`` (seq 1, 2, ... without a gap) as a fresh log at ``path``; (count, seq -> hex hash).
+    ``response_settings``: those the grants may have been written under (see the module's docstring)."""
     from libs.store.log import create_schema
 
     for leftover in (path, *(Path(f"{path}{s}") for s in _COMPANIONS)):
@@ -38,13 +51,17 @@ def write_restored(path: Path, events: Iterable[StoredEvent]) -> tuple[int, dict
     conn = connect(path)
     hashes: dict[int, str] = {}
     prev, count = GENESIS_HASH, 0
+    recorded: set[bytes] = set()
     try:
         conn.execute("BEGIN IMMEDIATE")
         for stored in events:
             if stored.seq != count + 1:
                 raise StoreError(f"the source skips from seq {count} to seq {stored.seq}: it is not a whole log")
-            row = event_row(stored.seq, stored.recorded_at, stored.stream_id, stored.version, stored.event,
-                            bytes.fromhex(stored.event_id), stored.command_id)
+            carried = bytes.fromhex(stored.row_hash) if stored.row_hash else None
+            row, settings = rebuilt_row(stored, prev, response_settings, carried)
+            if settings is not None and settings.digest not in recorded:
+                conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", settings_row(settings))
+                recorded.add(settings.digest)
             prev = chain_hash(prev, row)
             conn.execute(_INSERT, (*row, prev))
             hashes[stored.seq] = prev.hex()
@@ -58,6 +75,24 @@ def write_restored(path: Path, events: Iterable[StoredEvent]) -> tuple[int, dict
     finally:
         conn.close()
     return count, hashes
+
+
+def recorded_settings(path: Path) -> list[ResponseSettings]:
+    """The response settings recorded in the log (or backup) at ``path``, as far as it can still be read
+    (a damaged log may have lost them: [] then)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = conn.execute("SELECT value FROM meta WHERE key LIKE ?", (SETTINGS_PREFIX + "%",)).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return []
+    found = []
+    for (value,) in rows:
+        with contextlib.suppress(msgspec.MsgspecError):
+            found.append(msgspec.json.decode(value, type=ResponseSettings))
+    return found
 
 
 def set_aside(path: Path, *also: Path) -> list[Path]:

@@ -11,8 +11,10 @@ import msgspec
 from libs.errors import CorruptLog
 from libs.events.codec import StoredEvent, decode_body, encode_body
 from libs.events.schema import Event
+from libs.placement.recorded import ResponseSettings
+from libs.store.compact import COMPACT_TYPES, COMPACT_V, MetaSource, compact_body, expand
 
-__all__ = ["COLUMNS", "GENESIS_HASH", "chain_hash", "event_row", "row_to_stored"]
+__all__ = ["COLUMNS", "GENESIS_HASH", "chain_hash", "event_row", "rebuilt_row", "row_to_stored"]
 
 COLUMNS = "seq, recorded_at, stream_id, version, type, schema_v, event_id, command_id, payload"
 GENESIS_HASH = bytes(32)
@@ -26,19 +28,60 @@ def chain_hash(prev: bytes, row: Sequence[Any]) -> bytes:
 
 
 def event_row(
-    seq: int, recorded_at: int, stream: str, version: int, event: Event, event_id: bytes, command_id: str | None
+    seq: int, recorded_at: int, stream: str, version: int, event: Event, event_id: bytes, command_id: str | None,
+    settings: ResponseSettings | None = None,
 ) -> tuple[Any, ...]:
-    """The stored columns of one event, in COLUMNS order (what ``chain_hash`` covers)."""
-    return (seq, recorded_at, stream, version, type(event).__struct_config__.tag, type(event).SCHEMA,
-            event_id, command_id, encode_body(event))
+    """The stored columns of one event, in COLUMNS order (what ``chain_hash`` covers).
+
+    Grants, imports and corrections are stored compact (``libs.store.compact``); ``settings`` are the
+    response settings their responses are reproduced from (recorded in ``meta`` by the writer)."""
+    body = compact_body(event, settings)
+    if body is None:
+        return (seq, recorded_at, stream, version, type(event).__struct_config__.tag, type(event).SCHEMA,
+                event_id, command_id, encode_body(event))
+    return (seq, recorded_at, stream, version, type(event).__struct_config__.tag, COMPACT_V,
+            event_id, command_id, body)
 
 
-def row_to_stored(row: Sequence[Any]) -> StoredEvent:
-    """A row of COLUMNS, optionally followed by its ``hash``."""
+def rebuilt_row(
+    stored: StoredEvent, prev: bytes, candidates: Sequence[ResponseSettings] = (), carried: bytes | None = None,
+) -> tuple[tuple[Any, ...], ResponseSettings | None]:
+    """The row the writer stored for an event read back from a copy (a stream record: a grant's response
+    spelled out, schema 1), and the response settings its body names (None when it names none).
+
+    A grant's stored form depends on what wrote it: body version 1 (a log written before the compact
+    form), or version 2 with the response kept, or named by the writer's response settings. With
+    ``carried`` (the row's chain hash, which the stream carries) the form that gives that hash is taken,
+    so the row is the original byte for byte; without, the most compact form the ``candidates`` give.
+    When no form gives ``carried``, that compact form is returned and the caller's chain check names the row."""
+    args = (stored.seq, stored.recorded_at, stored.stream_id, stored.version, stored.event,
+            bytes.fromhex(stored.event_id), stored.command_id)
+    kept = event_row(*args)  # compact, the response kept: readable without any settings
+    if kept[5] != COMPACT_V:
+        return kept, None
+    compacted = [(row, s) for s in candidates if (row := event_row(*args, s)) != kept]  # settings that reproduce it
+    best = compacted[0] if compacted else (kept, None)
+    if carried is None:
+        return best
+    legacy = (*args[:4], kept[4], type(stored.event).SCHEMA, *args[5:], encode_body(stored.event))
+    for row, settings in (*compacted, (kept, None), (legacy, None)):
+        if chain_hash(prev, row) == carried:
+            return row, settings
+    return best
+
+
+def row_to_stored(row: Sequence[Any], source: MetaSource = None) -> StoredEvent:
+    """A row of COLUMNS, optionally followed by its ``hash``, decoded; ``source`` (the log's connection
+    or path) is where the response settings a compact grant names are read from, the first time this
+    process meets them."""
     seq, recorded_at, stream_id, version, type_name, schema_v, event_id, command_id, payload = row[:9]
     row_hash = row[9].hex() if len(row) > 9 and isinstance(row[9], bytes) else ""
     if not isinstance(payload, bytes):
         raise CorruptLog(seq, "payload is not a blob")
+    if schema_v == COMPACT_V and type_name in COMPACT_TYPES:
+        event = expand(payload, source, seq=seq)
+    else:
+        event = decode_body(type_name, schema_v, payload, seq=seq)
     return StoredEvent(
         seq=seq,
         recorded_at=recorded_at,
@@ -46,6 +89,7 @@ def row_to_stored(row: Sequence[Any]) -> StoredEvent:
         version=version,
         event_id=event_id.hex(),
         command_id=command_id,
-        event=decode_body(type_name, schema_v, payload, seq=seq),
+        event=event,
         row_hash=row_hash,
     )
+

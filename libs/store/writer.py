@@ -25,7 +25,9 @@ from pathlib import Path
 from libs.errors import AppendOnlyViolation, NoSpace, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
+from libs.placement.recorded import ResponseSettings
 from libs.store.archive import stream_head
+from libs.store.compact import remember, settings_row
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
 
 __all__ = ["LogWriter"]
@@ -69,8 +71,10 @@ class LogWriter:
         *,
         on_commit: Callable[[int, list[StoredEvent]], None] | None = None,
         clock: Callable[[], int] = time.time_ns,
+        response_settings: ResponseSettings | None = None,
     ) -> None:
         self.path = path
+        self._settings = response_settings
         self._on_commit = on_commit
         self._clock = clock
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -88,6 +92,7 @@ class LogWriter:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._conn = connect(self.path)
+        self._record_settings()
         self._load_tail()
         self._thread.start()
 
@@ -100,6 +105,15 @@ class LogWriter:
         # Stream versions are looked up when a stream is first written (an index probe), not all at start:
         # a million-event log has hundreds of thousands of pod streams and start-up must stay fast.
         self._versions = {}
+
+    def _record_settings(self) -> None:
+        """Put the response settings in ``meta`` (once per distinct settings, content addressed), so that
+        every reader can reproduce the responses of the grants written under them."""
+        if self._settings is None:
+            return
+        assert self._conn
+        remember(self._settings)
+        self._conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", settings_row(self._settings))
 
     def _stream_version(self, stream: str) -> int:
         known = self._versions.get(stream)
@@ -193,7 +207,7 @@ class LogWriter:
                     version = (versions.get(stream) or self._stream_version(stream)) + 1
                     versions[stream] = version
                     event_id = uuid.uuid4().bytes
-                    row = event_row(seq, at, stream, version, ev, event_id, req.command_id)
+                    row = event_row(seq, at, stream, version, ev, event_id, req.command_id, self._settings)
                     prev = chain_hash(prev, row)
                     rows.append((*row, prev))
                     stored.append(StoredEvent(seq=seq, recorded_at=at, stream_id=stream, version=version,
@@ -239,7 +253,7 @@ class LogWriter:
         rows = self._conn.execute(
             f"SELECT {COLUMNS} FROM events WHERE command_id = ? ORDER BY seq", (command_id,)
         ).fetchall()
-        return [row_to_stored(r) for r in rows]
+        return [row_to_stored(r, self._conn) for r in rows]
 
 
 def _translate(exc: sqlite3.DatabaseError, path: Path) -> StoreError:

@@ -157,13 +157,14 @@ def prove(path: Path, files: NodeFiles, seq: int, *, witness_key: Verifier | Non
     conn = open_reader(path)
     try:
         rows = list(iter_rows(conn, COLUMNS, upto_seq=checkpoint.size))
+        leaves = [row_leaf(r) for r in rows]
+        if len(leaves) < checkpoint.size or tree_root(leaves) != checkpoint.root:
+            raise StoreError("the log does not match its latest cosigned checkpoint: run `gpuledger audit verify "
+                             "--witness`; no proof from a log the witness would not recognise")
+        row = rows[seq - 1]
+        stored = row_to_stored(row, conn)  # a compact grant's response settings are in the log's meta
     finally:
         conn.close()
-    leaves = [row_leaf(r) for r in rows]
-    if len(leaves) < checkpoint.size or tree_root(leaves) != checkpoint.root:
-        raise StoreError("the log does not match its latest cosigned checkpoint: run `gpuledger audit verify "
-                         "--witness`; no proof from a log the witness would not recognise")
-    row = rows[seq - 1]
     node_key = files.node_verifier()
     witness = witness_key or files.witness_verifier()
     return InclusionProof(
@@ -171,7 +172,7 @@ def prove(path: Path, files: NodeFiles, seq: int, *, witness_key: Verifier | Non
         proof=[base64.b64encode(h).decode() for h in inclusion_proof(seq - 1, checkpoint.size, leaves)],
         checkpoint=note.encode(), node_key=node_key.encode() if node_key else "",
         witness_key=witness.encode() if witness else "",
-        event=msgspec.to_builtins(to_record(row_to_stored(row))),
+        event=msgspec.to_builtins(to_record(stored)),
     )
 
 

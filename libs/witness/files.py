@@ -25,11 +25,10 @@ from typing import Any
 
 import msgspec
 
-from libs.events.codec import StoredEvent, encode_body
 from libs.witness.merkle import leaf_hash
 from libs.witness.note import ALG_ED25519, NoteError, SignedNote, Signer, Verifier
 
-__all__ = ["NodeFiles", "load_or_create_key", "row_bytes", "row_leaf", "stored_row", "write_private"]
+__all__ = ["NodeFiles", "load_or_create_key", "row_bytes", "row_leaf", "write_private"]
 
 _pack = msgspec.msgpack.Encoder().encode
 
@@ -40,13 +39,6 @@ def row_bytes(row: Sequence[Any]) -> bytes:
 
 def row_leaf(row: Sequence[Any]) -> bytes:
     return leaf_hash(row_bytes(row))
-
-
-def stored_row(stored: StoredEvent) -> tuple[Any, ...]:
-    """The COLUMNS row of an event this process just committed (its payload re-encodes byte for byte)."""
-    event = stored.event
-    return (stored.seq, stored.recorded_at, stored.stream_id, stored.version, stored.type, type(event).SCHEMA,
-            bytes.fromhex(stored.event_id), stored.command_id, encode_body(event))
 
 
 def write_private(path: Path, text: str) -> None:

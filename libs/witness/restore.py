@@ -14,22 +14,28 @@ reported as not yet witnessed.
 
 A payload is rebuilt by re-encoding the record's event: exact for events stored at today's schema
 version (all of them today). An event stored at an older schema is carried upcast in a record, so its
-original bytes cannot be rebuilt from the record alone and the chain check names it.
+original bytes cannot be rebuilt from the record alone and the chain check names it. A grant, import or
+correction is stored compact (docs/compact-log.md): its record spells the response out, its row names
+the response settings it was written under, so ``response_settings`` passes those the node used (its
+log's ``meta`` entries); with a carried hash the form that gives it is taken (``rows.rebuilt_row``),
+without one the most compact form. The settings used are recorded in the restored log's ``meta``.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import msgspec
 
 from libs.errors import StoreError
-from libs.events.codec import EventRecord, encode_body, from_record
+from libs.events.codec import EventRecord, from_record
+from libs.placement.recorded import ResponseSettings
+from libs.store.compact import settings_row
 from libs.store.log import create_schema
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, rebuilt_row
 from libs.witness.audit import trusted_checkpoint
 from libs.witness.files import NodeFiles, row_leaf
 from libs.witness.merkle import CompactRange
@@ -55,11 +61,13 @@ def restore_ledger(
     checkpoint: SignedNote,
     witness_key: Verifier,
     node_key: Verifier | None = None,
+    response_settings: Sequence[ResponseSettings] = (),
 ) -> RestoreReport:
     if dest.exists():
         raise StoreError(f"{dest} exists: restore writes a fresh ledger only (move the old one aside first)")
     cp, _ = trusted_checkpoint(checkpoint, node_key, witness_key)
     rows: list[tuple[object, ...]] = []
+    used: dict[bytes, ResponseSettings] = {}
     prev, tree, last_at = GENESIS_HASH, CompactRange(), 0
     for item in records:
         record, carried = item if isinstance(item, tuple) else (item, None)
@@ -68,9 +76,9 @@ def restore_ledger(
             raise StoreError(f"the copy jumps from seq {seq - 1} to {record.seq}: seq {seq} is missing")
         if record.recorded_at < last_at:
             raise StoreError(f"seq {seq}: recorded_at goes backwards in the copy")
-        event = from_record(record).event
-        row = (seq, record.recorded_at, record.stream, record.version, record.type, record.schema,
-               bytes.fromhex(record.event_id), record.command_id, encode_body(event))
+        row, settings = rebuilt_row(from_record(record), prev, response_settings, carried)
+        if settings is not None:
+            used.setdefault(settings.digest, settings)
         prev = chain_hash(prev, row)
         if carried is not None and carried != prev:
             raise StoreError(f"seq {seq}: the copy's row hash is not the recomputed chain hash: this row, or one "
@@ -78,7 +86,8 @@ def restore_ledger(
         tree.append(row_leaf(row))
         if tree.size == cp.size and tree.root() != cp.root:
             raise StoreError(f"the copy's first {cp.size} events do not give the root the witness cosigned for "
-                             f"{cp.origin}: the copy differs from the node's witnessed log")
+                             f"{cp.origin}: the copy differs from the node's witnessed log (or its grants were "
+                             "written under response settings not given to the restore)")
         rows.append((*row, prev))
         last_at = record.recorded_at
     if len(rows) < cp.size:
@@ -86,12 +95,12 @@ def restore_ledger(
                          "events are missing from the copy")
     if cp.size == 0 and tree.size == 0:
         raise StoreError("nothing to restore: the copy holds no event")
-    _write(rows, dest)
+    _write(rows, dest, list(used.values()))
     return RestoreReport(path=str(dest), events=len(rows), witnessed_size=cp.size, head_hash=prev.hex(),
                          origin=cp.origin)
 
 
-def _write(rows: list[tuple[object, ...]], dest: Path) -> None:
+def _write(rows: list[tuple[object, ...]], dest: Path, settings: list[ResponseSettings]) -> None:
     tmp = dest.with_name(dest.name + ".restoring")
     for stale in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
         stale.unlink(missing_ok=True)
@@ -101,6 +110,7 @@ def _write(rows: list[tuple[object, ...]], dest: Path) -> None:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(_INSERT, rows)
+        conn.executemany("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", [settings_row(s) for s in settings])
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:

@@ -19,6 +19,8 @@ from libs.kube.source import make_client
 from libs.ledger.snapshot import SnapshotKeeper, load_state
 from libs.logger import get_logger
 from libs.metrics import MetricsServer
+from libs.placement.hami_response import HamiDelivery
+from libs.placement.recorded import ResponseSettings
 from libs.runtime import Supervisor
 from libs.store import EventLog
 from libs.store.archive import finish as finish_archive
@@ -60,7 +62,9 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
     logger = get_logger("allocator")
     async with AsyncExitStack() as stack:
         extra_devices = default_devices(settings.extra_config)  # a bad file stops the start, first
-        events = await EventLog.open(settings.log_path)
+        recorded = ResponseSettings.of(settings.vm_root, settings.vdriver_root, extra_devices,
+                                       HamiDelivery.from_settings(settings))
+        events = await EventLog.open(settings.log_path, response_settings=recorded)
         stack.push_async_callback(events.close)
         await asyncio.to_thread(finish_archive, settings.log_path)  # a stop mid-archive: finish it first
         restored = await asyncio.to_thread(load_state, settings.log_path)  # snapshot + the log's tail

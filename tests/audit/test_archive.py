@@ -21,9 +21,10 @@ from libs.config import Settings
 from libs.events.schema import InventoryRecorded
 from libs.ledger.timeline import gpu_history, pod_history
 from libs.store import EventLog, create_schema
-from libs.store.archive import InjectedCrash, archive_dir, archive_prefix, catalog, finish
+from libs.store import compact as compact_module
+from libs.store.archive import InjectedCrash, archive_dir, archive_prefix, catalog, finish, segment_rows
 from libs.store.replay import iter_rows, open_reader
-from libs.store.rows import GENESIS_HASH
+from libs.store.rows import COLUMNS, GENESIS_HASH, row_to_stored
 from libs.store.verify import verify_log
 from services.allocator import app as allocator_app
 from tests.polling import eventually
@@ -133,6 +134,31 @@ def test_verify_names_a_missing_edited_or_reordered_segment(logs: tuple[Path, Pa
     result = CliRunner().invoke(main, ["audit", "verify", "--state-dir", str(path.parent)])
     assert result.exit_code == 1
     assert f"NOT INTACT at seq {report.first_bad_seq}" in result.output and bad.name in result.output
+
+
+def test_compact_grants_in_a_segment_carry_their_response_settings(logs: tuple[Path, Path]) -> None:
+    path, copy = logs
+    seg = archive_prefix(path, 1_500)
+    assert seg is not None
+    key = compact_module.SETTINGS_PREFIX
+    segment_grants = [row for _, row in segment_rows(archive_dir(path) / seg.file) if row[4] == "alloc.granted"]
+    assert segment_grants and {row[5] for row in segment_grants} == {compact_module.COMPACT_V}
+    # A log whose live meta lost the entry (as a log assembled from parts would): the segment's own copy
+    # of the settings still reproduces its grants' responses, in a process that has not met them yet.
+    conn = sqlite3.connect(path)
+    assert conn.execute("DELETE FROM meta WHERE key LIKE ?", (key + "%",)).rowcount == 1
+    conn.commit()
+    conn.close()
+    compact_module._KNOWN.clear()
+    reader, original = open_reader(path), open_reader(copy)
+    try:
+        archived = [row_to_stored(r, reader) for r in iter_rows(reader, COLUMNS, upto_seq=1_500)]
+        compact_module._KNOWN.clear()
+        expected = [row_to_stored(r, original) for r in iter_rows(original, COLUMNS, upto_seq=1_500)]
+    finally:
+        reader.close()
+        original.close()
+    assert archived == expected
 
 
 def test_replay_at_a_time_inside_an_archive_equals_the_replay_before_archiving(logs: tuple[Path, Path]) -> None:

@@ -41,8 +41,8 @@ FACES: dict[str, tuple[str, ...] | None] = {
     "libs.kubelet": None,
     "libs.ledger": ("Allocation", "GpuUsage", "LedgerSnapshot", "LedgerState"),
     "libs.placement": (
-        "VCUDA_MOUNTPOINT", "HamiDelivery", "Links", "build_response", "hami_response", "place", "place_on_reused",
-        "reuse_view", "topology", "without",
+        "VCUDA_MOUNTPOINT", "HamiDelivery", "Links", "ResponseSettings", "build_response", "hami_response", "place",
+        "place_on_reused", "reproduce", "reuse_view", "topology", "without",
     ),
     "libs.store": ("EventLog", "create_schema", "iter_events", "open_reader", "replay", "seq_at_time"),
     "libs.witness": (

@@ -1,0 +1,318 @@
+"""The compact stored form of grants, imports and corrections (body version 2 in the log's ``schema_v``).
+
+Body version 1 (still read) kept every grant's whole Allocate response and every kubelet device ID
+as a string (a 90-core share carried 90 IDs): about 1.6 KB a grant. Version 2 keeps only what cannot be derived:
+
+- no response: it is reproduced (``libs.placement.recorded.reproduce``) from the grant, the recorded
+  ``ResponseSettings`` it names by digest (``settings``; the settings themselves are in the log's
+  ``meta`` table under ``response-settings:<hex digest>``, checked against the digest when read) and
+  two per-container facts (``compat32``, HAMi-core's ``cache`` file name). The writer reproduces each
+  response before it stores the grant and keeps ``response`` itself when the two differ, so what a
+  reader gets is always the response really sent;
+- kubelet device IDs (``tencent.com/vcuda-core-<n>``) as a set, ascending runs ``ids`` = [start,
+  count, ...] or a bitmap ``bits`` from ``ids`` = [first] (whichever is shorter), plus ``perm``, the
+  position of each ID in ascending order when the kubelet's order was another (one byte each up to
+  256 IDs). IDs of another form stay strings in ``device_ids``.
+
+The bodies are msgpack maps with the event's own field names for every field a narrow view reads
+(``libs.ledger.views``), so the audit replay decodes them as it decoded schema 1. Every reader gets the
+full event back (``expand``), of schema 1 as before: the rest of the code, the CLI and the NATS
+records see what they saw.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import msgspec
+
+from libs.errors import CorruptLog
+from libs.events.schema import (
+    AllocationCorrected,
+    AllocationGranted,
+    AllocationImported,
+    ContainerResponse,
+    Event,
+    GpuShare,
+)
+from libs.placement.recorded import ResponseSettings, reproduce
+
+__all__ = [
+    "COMPACT_TYPES",
+    "COMPACT_V",
+    "SETTINGS_PREFIX",
+    "MetaSource",
+    "compact_body",
+    "decode_ids",
+    "encode_ids",
+    "expand",
+    "remember",
+    "settings_row",
+]
+
+SETTINGS_PREFIX = "response-settings:"
+_VCORE = "tencent.com/vcuda-core-"
+_NUMBER = re.compile(r"^(0|[1-9]\d*)$")
+_LIB32 = "/usr/local/nvidia/lib"
+
+
+class _Grant(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True, tag_field="type",
+             tag="alloc.granted"):
+    alloc_id: str
+    request_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    container_index: int
+    init_container: bool = False
+    cores: int
+    memory: int
+    shares: tuple[GpuShare, ...]
+    core_limit: int | None = None
+    ids: tuple[int, ...] = ()
+    bits: bytes = b""
+    perm: bytes | tuple[int, ...] = b""
+    device_ids: tuple[str, ...] = ()
+    settings: bytes = b""
+    compat32: bool = False
+    cache: str = ""
+    response: ContainerResponse | None = None
+
+
+class _Imported(_Grant, frozen=True, gc=False, kw_only=True, tag="alloc.imported"):
+    source: str
+
+
+class _Corrected(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True, tag_field="type",
+                 tag="alloc.corrected"):
+    alloc_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    container_index: int
+    init_container: bool = False
+    memory: int
+    shares: tuple[GpuShare, ...]
+    core_limit: int | None = None
+    previous_pod_uid: str
+    previous_container: str
+    reason: str = "pod-resources"
+    settings: bytes = b""
+    compat32: bool = False
+    cache: str = ""
+    response: ContainerResponse | None = None
+
+
+COMPACT_TYPES = frozenset({"alloc.granted", "alloc.imported", "alloc.corrected"})
+COMPACT_V = 2
+"""The ``schema_v`` of a compact body. The event's fields, and so its JSON record (``schema`` 1), are the
+same as before: only the stored form changed, so the body version is the log's, not the record's."""
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(_Grant | _Imported | _Corrected).decode
+
+# --- kubelet device IDs ---
+
+
+def encode_ids(device_ids: tuple[str, ...]) -> dict[str, object] | None:
+    """The body fields for vcore IDs, None when one is of another form (kept as strings then).
+
+    The set is ``ids`` = ascending runs [start, count, ...] or, when shorter (the kubelet picks IDs
+    scattered over the free ones), ``bits`` = [first, bitmap from first]; ``perm`` keeps the kubelet's
+    order (the position of each ID in ascending order) when it was not ascending."""
+    nums = []
+    for dev in device_ids:
+        tail = dev[len(_VCORE):]
+        if not dev.startswith(_VCORE) or not _NUMBER.match(tail):
+            return None
+        nums.append(int(tail))
+    ordered = sorted(nums)
+    if len(set(ordered)) != len(ordered):
+        return None
+    runs: list[int] = []
+    for n in ordered:
+        if runs and runs[-2] + runs[-1] == n:
+            runs[-1] += 1
+        else:
+            runs += [n, 1]
+    found: dict[str, object] = {"ids": tuple(runs)}
+    if ordered and (ordered[-1] - ordered[0]) // 8 + 4 < len(runs) * 2:
+        first, bitmap = ordered[0], bytearray((ordered[-1] - ordered[0]) // 8 + 1)
+        for n in ordered:
+            bitmap[(n - first) >> 3] |= 1 << ((n - first) & 7)
+        found = {"ids": (first,), "bits": bytes(bitmap)}
+    if nums != ordered:
+        rank = {n: i for i, n in enumerate(ordered)}
+        positions = [rank[n] for n in nums]
+        found["perm"] = bytes(positions) if len(positions) <= 256 else tuple(positions)
+    return found
+
+
+_BIT_OFFSETS = [tuple(i for i in range(8) if byte >> i & 1) for byte in range(256)]
+
+
+_ID_TEXT: list[str] = []  # the ID strings, made once per process: a replay spells out millions of IDs
+
+
+def _id_texts(upto: int) -> list[str]:
+    if upto > len(_ID_TEXT):
+        _ID_TEXT.extend(f"{_VCORE}{i}" for i in range(len(_ID_TEXT), max(upto, 2 * len(_ID_TEXT), 1024)))
+    return _ID_TEXT
+
+
+def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...], bits: bytes = b"") -> tuple[str, ...]:
+    if not runs:
+        return ()  # an import without the kubelet's checkpoint
+    if bits:
+        first = runs[0]
+        texts = _id_texts(first + 8 * len(bits))
+        ordered = [texts[first + (k << 3) + i] for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]]
+    elif len(runs) == 2:
+        start, count = runs
+        ordered = _id_texts(start + count)[start:start + count]
+    else:
+        texts = _id_texts(max(s + c for s, c in zip(runs[::2], runs[1::2], strict=True)))
+        ordered = [t for s, c in zip(runs[::2], runs[1::2], strict=True) for t in texts[s:s + c]]
+    if not perm:
+        return tuple(ordered)
+    return tuple([ordered[i] for i in perm])
+
+
+# --- recorded settings ---
+
+_KNOWN: dict[bytes, ResponseSettings] = {}
+MetaSource = sqlite3.Connection | Path | None
+"""Where to read a ``response-settings:`` entry this process has not seen: the log's connection or path."""
+
+
+def remember(settings: ResponseSettings) -> bytes:
+    """Know ``settings`` in this process (a digest -> settings map is the same in every log); its digest."""
+    digest = settings.digest
+    _KNOWN[digest] = settings
+    return digest
+
+
+def settings_row(settings: ResponseSettings) -> tuple[str, str]:
+    """The ``meta`` row (key, value) that records ``settings``."""
+    return SETTINGS_PREFIX + settings.digest.hex(), msgspec.json.encode(settings).decode()
+
+
+def _settings(digest: bytes, source: MetaSource, seq: int) -> ResponseSettings:
+    known = _KNOWN.get(digest)
+    if known is not None:
+        return known
+    key = SETTINGS_PREFIX + digest.hex()
+    if source is None:
+        raise CorruptLog(seq, f"the response settings {digest.hex()} are not known here (no log to read them from)")
+    conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True) if isinstance(source, Path) else source
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    finally:
+        if isinstance(source, Path):
+            conn.close()
+    if row is None:
+        raise CorruptLog(seq, f"the log's meta table lacks {key}: the responses of grants naming it cannot be "
+                              "reproduced (a row removed from meta, or a log assembled from parts)")
+    try:
+        found = msgspec.json.decode(row[0], type=ResponseSettings)
+    except msgspec.MsgspecError as exc:
+        raise CorruptLog(seq, f"meta {key} is not readable: {exc}") from exc
+    if found.digest != digest:
+        raise CorruptLog(seq, f"meta {key} does not match its digest: the recorded response settings were edited")
+    _KNOWN[digest] = found
+    return found
+
+
+# --- bodies ---
+
+
+def _facts(response: ContainerResponse) -> tuple[bool, str]:
+    """compat32 and the HAMi-core cache file name, read back from the response that was built."""
+    compat32 = response.envs.get("LD_LIBRARY_PATH") == _LIB32
+    cache = response.envs.get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "")
+    token = cache.rsplit("/", 1)[-1].removesuffix(".cache") if cache else ""
+    return compat32, token
+
+
+def compact_body(event: Event, settings: ResponseSettings | None) -> bytes | None:
+    """The compact body of a grant, import or correction; None for other types."""
+    if isinstance(event, AllocationGranted):
+        return _encode(_grant_body(event, settings))
+    if isinstance(event, AllocationCorrected):
+        return _encode(_corrected_body(event, settings))
+    return None
+
+
+def _response_part(event: AllocationGranted | AllocationCorrected, cores: int,
+                   settings: ResponseSettings | None) -> dict[str, object]:
+    if settings is None:
+        return {"response": event.response}
+    compat32, cache = _facts(event.response)
+    again = reproduce(settings, shares=event.shares, cores=cores, memory=event.memory, pod_uid=event.pod_uid,
+                      container=event.container, compat32=compat32, cache_token=cache)
+    if again != event.response:
+        return {"response": event.response}  # built some other way: kept as it was sent
+    return {"settings": remember(settings), "compat32": compat32, "cache": cache}
+
+
+def _grant_body(ev: AllocationGranted, settings: ResponseSettings | None) -> _Grant:
+    coded = encode_ids(ev.device_ids)
+    ids: dict[str, object] = {"device_ids": ev.device_ids} if coded is None else coded
+    common = dict(alloc_id=ev.alloc_id, request_id=ev.request_id, pod_uid=ev.pod_uid, namespace=ev.namespace,
+                  pod_name=ev.pod_name, container=ev.container, container_index=ev.container_index,
+                  init_container=ev.init_container, cores=ev.cores, memory=ev.memory, shares=ev.shares,
+                  core_limit=ev.core_limit, **ids, **_response_part(ev, ev.cores, settings))
+    if isinstance(ev, AllocationImported):
+        return _Imported(**common, source=ev.source)  # type: ignore[arg-type]
+    return _Grant(**common)  # type: ignore[arg-type]
+
+
+def _corrected_body(ev: AllocationCorrected, settings: ResponseSettings | None) -> _Corrected:
+    return _Corrected(
+        alloc_id=ev.alloc_id, pod_uid=ev.pod_uid, namespace=ev.namespace, pod_name=ev.pod_name,
+        container=ev.container, container_index=ev.container_index, init_container=ev.init_container,
+        memory=ev.memory, shares=ev.shares, core_limit=ev.core_limit, previous_pod_uid=ev.previous_pod_uid,
+        previous_container=ev.previous_container, reason=ev.reason,
+        **_response_part(ev, _cores_of(ev.shares), settings),  # type: ignore[arg-type]
+    )
+
+
+def expand(body: bytes, source: MetaSource, *, seq: int = 0) -> AllocationGranted | AllocationCorrected:
+    """The full event of a compact body (its response reproduced, its device IDs spelled out)."""
+    try:
+        b = _decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CorruptLog(seq, f"compact body: {exc}") from exc
+    if isinstance(b, _Corrected):
+        return AllocationCorrected(
+            alloc_id=b.alloc_id, pod_uid=b.pod_uid, namespace=b.namespace, pod_name=b.pod_name,
+            container=b.container, container_index=b.container_index, init_container=b.init_container,
+            memory=b.memory, shares=b.shares, core_limit=b.core_limit,
+            response=b.response or _reproduced(b, _cores_of(b.shares), source, seq),
+            previous_pod_uid=b.previous_pod_uid, previous_container=b.previous_container, reason=b.reason,
+        )
+    response = b.response or _reproduced(b, b.cores, source, seq)
+    device_ids = b.device_ids or decode_ids(b.ids, b.perm, b.bits)
+    fields = dict(alloc_id=b.alloc_id, request_id=b.request_id, pod_uid=b.pod_uid, namespace=b.namespace,
+                  pod_name=b.pod_name, container=b.container, container_index=b.container_index,
+                  init_container=b.init_container, cores=b.cores, memory=b.memory, device_ids=device_ids,
+                  shares=b.shares, core_limit=b.core_limit, response=response)
+    if isinstance(b, _Imported):
+        return AllocationImported(**fields, source=b.source)  # type: ignore[arg-type]
+    return AllocationGranted(**fields)  # type: ignore[arg-type]
+
+
+def _reproduced(b: _Grant | _Corrected, cores: int, source: MetaSource, seq: int) -> ContainerResponse:
+    if not b.settings:
+        raise CorruptLog(seq, "a compact body with neither a response nor the settings to reproduce it")
+    settings = _settings(b.settings, source, seq)
+    return reproduce(settings, shares=b.shares, cores=cores, memory=b.memory, pod_uid=b.pod_uid,
+                     container=b.container, compat32=b.compat32, cache_token=b.cache)
+
+
+def _cores_of(shares: tuple[GpuShare, ...]) -> int:
+    """A correction keeps the grant's cores, which it does not repeat: a share's own, or 100 per whole GPU."""
+    return sum(s.cores for s in shares)
