@@ -249,6 +249,7 @@ def restore_(node: str, state_dir: str, nats_url: str, fleet_credentials: str, r
 
 async def _restore(node: str, state_dir: Any, nats_url: str, credentials: str, db_url: str, key: Any,
                    origin: str) -> tuple[Any, int]:
+    from gpuledger.log_cmd import configured_response_settings
     from libs.bus import Bus
     from libs.fleet.credentials import load_credentials, with_credentials
     from libs.fleet.restore import read_node_records, restore_node
@@ -262,8 +263,11 @@ async def _restore(node: str, state_dir: Any, nats_url: str, credentials: str, d
         await bus.close()
     engine = _engine(db_url, "")
     try:
+        # The node's response settings as its allocator builds them from this environment (GPULEDGER_*):
+        # compact grants in the copy are rebuilt byte for byte under them.
+        candidates = configured_response_settings(Settings(node_name=node, state_dir=str(state_dir)))
         report = await asyncio.to_thread(restore_node, copy, SqlWitnessStore(engine, create=False), origin,
-                                         state_dir, witness_key=key)
+                                         state_dir, witness_key=key, response_settings=candidates)
     finally:
         engine.dispose()
     return report, copy.skipped

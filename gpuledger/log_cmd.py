@@ -118,7 +118,7 @@ def restore(state_dir: str, backup: Path | None, nats_url: str | None, node_name
                 events = asyncio.run(_stream_events(target.nats_url, target.node, timeout))
                 # The grants' compact form names the response settings they were written under: the
                 # damaged log's own record of them where it can still be read, else this node's.
-                known = [*recorded_settings(path), *_configured_settings(Settings(state_dir=state_dir))]
+                known = [*recorded_settings(path), *configured_response_settings(Settings(state_dir=state_dir))]
                 write_restored(fresh, events, list(dict.fromkeys(known)))  # type: ignore[arg-type]
             report = verify_log(fresh)
             if not report.ok:
@@ -145,7 +145,7 @@ def restore(state_dir: str, backup: Path | None, nats_url: str | None, node_name
         click.echo(f"kept: {old}")
 
 
-def _configured_settings(settings: Settings) -> list[Any]:
+def configured_response_settings(settings: Settings) -> list[Any]:
     """The response settings the allocator builds with under ``settings`` ([] when its --extra-config
     cannot be read: the restore then relies on the log's record, or keeps the responses)."""
     from libs.placement.hami_response import HamiDelivery

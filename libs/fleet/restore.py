@@ -14,6 +14,7 @@ the witness key, so ``audit verify --witness`` works there at once.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -24,6 +25,7 @@ from libs.errors import StoreError
 from libs.events.codec import EventRecord
 from libs.events.subjects import Subjects
 from libs.fleet.naming import FLEET_STREAM, SOURCE_HEADER, source_stream
+from libs.placement.recorded import ResponseSettings
 from libs.witness.note import NoteError, SignedNote, Verifier
 from libs.witness.restore import RestoreReport, install_witness_files, restore_ledger
 from libs.witness.witness import WitnessStore
@@ -67,9 +69,10 @@ async def read_node_records(js: JetStreamContext, node: str, *, batch: int = 100
 
 
 def restore_node(copy: FleetCopy, store: WitnessStore, origin: str, state_dir: Path, *,
-                 witness_key: Verifier) -> RestoreReport:
+                 witness_key: Verifier, response_settings: Sequence[ResponseSettings] = ()) -> RestoreReport:
     """Write ``state_dir/ledger.sqlite`` from the fleet copy, checked against the latest checkpoint the
-    witness cosigned for ``origin``; then the witness files of the state dir."""
+    witness cosigned for ``origin``; then the witness files of the state dir. ``response_settings``: the
+    node's (compact grants are rebuilt byte for byte under them, see libs/store/rows.rebuilt_row)."""
     state = store.get(origin)
     if state is None or not state.note:
         raise StoreError(f"the witness holds no cosigned checkpoint of {origin}: nothing to check a restore against")
@@ -81,7 +84,7 @@ def restore_node(copy: FleetCopy, store: WitnessStore, origin: str, state_dir: P
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
         report = restore_ledger(copy.records, state_dir / "ledger.sqlite", checkpoint=note, witness_key=witness_key,
-                                node_key=node_key)
+                                node_key=node_key, response_settings=response_settings)
     except NoteError as exc:
         raise StoreError(f"the cosigned checkpoint of {origin} does not verify: {exc}") from exc
     install_witness_files(state_dir, note, witness_key)
