@@ -145,4 +145,5 @@ def test_the_configuration_table_check_can_fail() -> None:
     assert undocumented_options(configuration_table(wrong_var)) == \
         ["--usage-interval: GPULEDGER_USAGE_INTERVAL missing from its row"]
     stale = text.replace("| `--hami-lock-dir`", "| `--hami-lock-path`")
-    assert "docs/configuration.md documents an unknown option --hami-lock-path" in undocumented_options(configuration_table(stale))
+    assert ("docs/configuration.md documents an unknown option --hami-lock-path"
+            in undocumented_options(configuration_table(stale)))
