@@ -80,6 +80,7 @@ class _Lines:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # the demo starts in ~20 s, slower on a loaded machine; each command has its own 60 s
 def test_the_tour_runs_as_printed_on_the_demo(short_dir: Path) -> None:
     """The demo with its default state directory under a HOME of the test's own, so that the tour's
     `~/.local/state/gpuledger/demo` is this demo's, and `.venv/bin/gpuledger` the running venv's."""
@@ -103,7 +104,7 @@ def test_the_tour_runs_as_printed_on_the_demo(short_dir: Path) -> None:
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         output = _Lines(proc)
-        output.wait_for("Press Ctrl-C to stop.", 180)
+        output.wait_for("Press Ctrl-C to stop.", 150)
         for command in commands:
             run = subprocess.run(["bash", "-c", f"{assignment}\n{command}"], cwd=work, env=env,
                                  capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
