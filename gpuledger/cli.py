@@ -71,7 +71,7 @@ def up(demo: bool, demo_exit: bool, runtime: str, **values: Any) -> None:
 @click.option("--seed", type=int, default=None, help="Seed every random choice, for repeatable runs.")
 @click.option("--runtime", type=click.Choice(["none", "containerd"]), default="none", show_default=True,
               help="containerd: run every admitted pod as real containers on a private containerd "
-                   "(root, containerd, runc, busybox-static, gcc; see README).")
+                   "(root, containerd, runc, busybox-static, gcc; see docs/development.md).")
 @click.option("--runtime-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="With --runtime containerd: its config, root, state and socket here [default: a temp dir].")
 @log_options

@@ -22,7 +22,7 @@ from libs.store import EventLog
 from tests.builders import released_event
 
 NODE = "ip-10-0-0-1.ec2.internal"
-TOKEN = "ip-10-0-0-1_2Eec2_2Einternal"  # as the README's NATS subjects section escapes it
+TOKEN = "ip-10-0-0-1_2Eec2_2Einternal"  # as docs/nats.md escapes it
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""Walkthrough: ``gpuledger up --demo-exit --runtime containerd``, the README's demo with real
+"""Walkthrough: ``gpuledger up --demo-exit --runtime containerd``, the demo with real
 containers. The trainer registers from inside its container (the runtime's exec runs the image's
 vcuda-register against the mounted vcuda.sock) and the walkthrough prints the container's own read
 of its vcuda.config; afterwards nothing of the run is left: no containerd or shim, no fake

@@ -89,15 +89,14 @@ def test_node_labels_syntax() -> None:
             parse_node_labels(bad)
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The configuration reference: its first table lists every setting.
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def configuration_table(text: str | None = None) -> list[list[str]]:
-    """The rows of the first table in the README's "Configuration" section, as cells."""
-    text = README.read_text() if text is None else text
-    section = text[text.index("\n### Configuration\n"):]
-    section = section[:section.index("\n#", 1)]
-    lines = section.splitlines()
+    """The rows of the first table in docs/configuration.md, as cells."""
+    text = CONFIGURATION.read_text() if text is None else text
+    lines = text.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("|"))
     rows = []
     for line in lines[first + 2:]:  # past the header and the |---| line
@@ -118,7 +117,7 @@ def undocumented_options(rows: list[list[str]]) -> list[str]:
     for param in options:
         name = param.opts[0]
         if name not in documented:
-            problems.append(f"{name} is not in the README configuration table")
+            problems.append(f"{name} is not in the configuration table")
             continue
         row = documented[name]
         envvars = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or [])
@@ -127,23 +126,24 @@ def undocumented_options(rows: list[list[str]]) -> list[str]:
             problems.append(f"{name}: no default in its row")
         problems += [f"{name}: alias {a} not documented" for a in param.opts[1:] if a not in documented]
     known = {opt for p in options for opt in p.opts + p.secondary_opts}
-    problems += [f"the README documents an unknown option {f}" for f in sorted(set(documented) - known)]
+    problems += [f"docs/configuration.md documents an unknown option {f}" for f in sorted(set(documented) - known)]
     return problems
 
 
-def test_every_option_is_a_row_of_the_readme_configuration_table() -> None:
+def test_every_option_is_a_row_of_the_configuration_table() -> None:
     rows = configuration_table()
     assert len(rows) > 30
     assert undocumented_options(rows) == []
 
 
-def test_the_readme_table_check_can_fail() -> None:
-    text = README.read_text()
+def test_the_configuration_table_check_can_fail() -> None:
+    text = CONFIGURATION.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| `--hami-lock-dir`"))
     assert undocumented_options(configuration_table(text.replace(row + "\n", ""))) == \
-        ["--hami-lock-dir is not in the README configuration table"]
+        ["--hami-lock-dir is not in the configuration table"]
     wrong_var = text.replace("`GPULEDGER_USAGE_INTERVAL`", "`GPULEDGER_USAGE_PERIOD`")
     assert undocumented_options(configuration_table(wrong_var)) == \
         ["--usage-interval: GPULEDGER_USAGE_INTERVAL missing from its row"]
     stale = text.replace("| `--hami-lock-dir`", "| `--hami-lock-path`")
-    assert "the README documents an unknown option --hami-lock-path" in undocumented_options(configuration_table(stale))
+    assert ("docs/configuration.md documents an unknown option --hami-lock-path"
+            in undocumented_options(configuration_table(stale)))
