@@ -238,7 +238,10 @@ def _facts(response: ContainerResponse) -> tuple[bool, str]:
 
 
 def compact_body(event: Event, settings: ResponseSettings | None) -> bytes | None:
-    """The compact body of a grant, import or correction; None for other types."""
+    """The compact body of a grant, import or correction; None for other types (subtypes included: a
+    ``claim.prepared`` is a grant by inheritance but has its own schema, and is stored whole)."""
+    if type(event).__struct_config__.tag not in COMPACT_TYPES:
+        return None
     if isinstance(event, AllocationGranted):
         return _encode(_grant_body(event, settings))
     if isinstance(event, AllocationCorrected):
