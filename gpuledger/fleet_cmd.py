@@ -46,6 +46,15 @@ def _json(value: object) -> None:
     print(msgspec.json.encode(value).decode())
 
 
+def _with_times(item: dict[str, Any], *fields: str) -> dict[str, Any]:
+    """Times as every ``--json`` gives them: RFC 3339 with nanoseconds, the unix nanoseconds beside
+    them as ``<field>_ns`` (None stays None)."""
+    for name in fields:
+        raw = item.get(name)
+        item[name], item[f"{name}_ns"] = (format_time(raw) if raw is not None else None), raw
+    return item
+
+
 @click.group()
 def fleet() -> None:
     """The fleet ledger: every node's allocation history in one place (see docs/fleet.md)."""
@@ -74,9 +83,9 @@ def at_(when: str, node: str | None, db: str, state_dir: str, as_json: bool) -> 
     states = fleet_at(_engine(db, state_dir), _when(when, 0), node=node)
     if as_json:  # times as `replay --json` gives them: RFC 3339, the unix nanoseconds beside them
         data = msgspec.to_builtins(states)
-        for state, held in zip(states, data, strict=True):
-            for out, holding in zip(held["allocations"], state.allocations, strict=True):
-                out["since"], out["since_ns"] = format_time(holding.since), holding.since
+        for held in data:
+            for out in held["allocations"]:
+                _with_times(out, "since")
         _json(data)
         return
     if not states:
@@ -103,7 +112,12 @@ def history_(node: str | None, pod: str | None, namespace: str | None, gpu: str 
     rows = history(_engine(db, state_dir), node=node, pod=pod, namespace=namespace, gpu=gpu,
                    since=_when(since, 0) if since else None, until=_when(until, 0) if until else None)
     if as_json:
-        _json(rows)
+        out = []
+        for row in msgspec.to_builtins(rows):
+            _with_times(row, "valid_from", "valid_to")
+            _with_times(row["holding"], "since")
+            out.append(row)
+        _json(out)
         return
     for r in rows:
         a = r.holding
@@ -138,7 +152,7 @@ def nodes_(db: str, state_dir: str, as_json: bool) -> None:
 
     rows = nodes(_engine(db, state_dir))
     if as_json:
-        _json(rows)
+        _json([_with_times(row, "last_event_at") for row in msgspec.to_builtins(rows)])
         return
     for n in rows:
         print(f"{n.node:<24}seq {n.last_seq:<10}{n.events:>10} events  last {format_time(n.last_event_at)}")
