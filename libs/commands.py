@@ -21,7 +21,7 @@ import msgspec
 from libs.dra import ClaimView
 from libs.events.schema import ContainerResponse, InventoryRecorded
 from libs.kube.pods import Pod
-from libs.ledger.state import LedgerSnapshot
+from libs.ledger.state import LedgerSnapshot, PreparedClaim
 
 __all__ = [
     "AllocateReply",
@@ -165,6 +165,7 @@ class StateRequest(msgspec.Struct):
 
 class StateReply(msgspec.Struct, kw_only=True):
     snapshot: LedgerSnapshot
+    claims: list[PreparedClaim] = []  # the prepared DRA claims' ResourceClaims (the watchdog reconciles them)
 
 
 class PodsRequest(msgspec.Struct, kw_only=True):

@@ -67,6 +67,15 @@ class PodSource:
         """The node's pods straight from the API server (not the cache)."""
         return [to_pod(o) async for o in self.client.list(KubePod, namespace=ALL_NS, fields=self._fields)]
 
+    async def get(self, namespace: str, name: str) -> Pod | None:
+        """One pod by name, on any node, straight from the API server; None when it does not exist."""
+        try:
+            return to_pod(await self.client.get(KubePod, name, namespace=namespace))
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+
     async def run(self, on_change: ChangeHandler) -> None:
         backoff = MIN_BACKOFF
         version = ""

@@ -26,7 +26,7 @@ from libs.events.schema import (
 from libs.ledger.rules import health_reason, move_to_real_owner, takes_over
 
 __all__ = ["CLAIM_PREFIX", "MODE_DEVICE_PLUGIN", "MODE_DRA", "Allocation", "GpuUsage", "LedgerSnapshot",
-           "LedgerState", "claim_alloc_id"]
+           "LedgerState", "PreparedClaim", "claim_alloc_id"]
 
 CLAIM_PREFIX = "claim:"           # alloc_id of a prepared DRA claim: claim:<claim uid>
 MODE_DEVICE_PLUGIN = "device-plugin"
@@ -103,6 +103,15 @@ class LedgerSnapshot(msgspec.Struct, kw_only=True):
     allocations: list[Allocation]
 
 
+class PreparedClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """A prepared DRA claim and the ResourceClaim it came from (what the watchdog reads to reconcile it)."""
+
+    uid: str
+    namespace: str
+    name: str
+    reserved_pods: tuple[str, ...]  # status.reservedFor at prepare time
+
+
 class LedgerState:
     def __init__(self) -> None:
         self.seq = 0
@@ -118,6 +127,7 @@ class LedgerState:
         # (a prepare of one of them for no new pod is a stale retry; see ``stale_prepare``)
         self.unprepared: dict[str, tuple[str, ...]] = {}
         self.claim_pods: dict[str, tuple[str, ...]] = {}  # prepared claim uid -> its reservedFor pods
+        self.claim_refs: dict[str, PreparedClaim] = {}    # prepared claim uid -> its ResourceClaim
 
     # --- folding ---
     def apply(self, stored: StoredEvent) -> None:
@@ -153,9 +163,12 @@ class LedgerState:
         if isinstance(ev, ClaimPrepared):
             self.unprepared.pop(ev.claim_uid, None)
             self.claim_pods[ev.claim_uid] = ev.reserved_pods
+            self.claim_refs[ev.claim_uid] = PreparedClaim(uid=ev.claim_uid, namespace=ev.claim_namespace,
+                                                          name=ev.claim_name, reserved_pods=ev.reserved_pods)
         elif isinstance(ev, ClaimUnprepared):
             self.unprepared[ev.claim_uid] = ev.reserved_pods
             self.claim_pods.pop(ev.claim_uid, None)
+            self.claim_refs.pop(ev.claim_uid, None)
         self.seq = stored.seq
         self.time = stored.recorded_at
 
@@ -226,6 +239,11 @@ class LedgerState:
         """The prepared DRA claims by claim UID."""
         return {a.alloc_id[len(CLAIM_PREFIX):]: a for a in self.allocations.values()
                 if a.alloc_id.startswith(CLAIM_PREFIX)}
+
+    def prepared_claims(self) -> list[PreparedClaim]:
+        """The prepared claims with their ResourceClaims' names, by claim UID (a claim whose grant an
+        older watchdog released as an ``alloc.released`` is not prepared any more)."""
+        return [ref for uid, ref in sorted(self.claim_refs.items()) if claim_alloc_id(uid) in self.allocations]
 
     def stale_prepare(self, claim_uid: str, reserved_pods: tuple[str, ...]) -> bool:
         """A prepare of an unprepared claim that names no pod beyond those it was unprepared for: a

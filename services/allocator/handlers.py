@@ -42,7 +42,7 @@ from libs.events.schema import (
     GpuShare,
 )
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
-from libs.ledger.state import MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, LedgerState
+from libs.ledger.state import CLAIM_PREFIX, MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, LedgerState
 from libs.logger import get_logger
 from libs.placement.hami_response import HamiDelivery
 from libs.placement.placement import NoRoom, place
@@ -482,7 +482,7 @@ class Allocator:
 
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
-        if self.state.pod_allocations(req.pod_uid):
+        if _device_plugin_grants(self.state, req.pod_uid):
             # A grant recorded under this pod may be one the kubelet gave to another container (an
             # Allocate-time guess not corrected yet, e.g. matched to a pod rejected meanwhile):
             # released with this pod, that container would run on devices the ledger holds for
@@ -495,7 +495,7 @@ class Allocator:
         held: list[Allocation] = []
 
         def decide(state: LedgerState) -> list[Event]:
-            held[:] = state.pod_allocations(req.pod_uid)
+            held[:] = _device_plugin_grants(state, req.pod_uid)
             return [
                 AllocationReleased(alloc_id=a.alloc_id, pod_uid=a.pod_uid, container=a.container, reason=req.reason)
                 for a in held
@@ -513,7 +513,14 @@ class Allocator:
                               dra_gpus=[g.index for g in self.state.gpus_in_mode(MODE_DRA)])
 
     async def snapshot(self, _req: StateRequest) -> StateReply:
-        return StateReply(snapshot=self.state.snapshot())
+        return StateReply(snapshot=self.state.snapshot(), claims=self.state.prepared_claims())
+
+
+def _device_plugin_grants(state: LedgerState, pod_uid: str) -> list[Allocation]:
+    """What a pod's release returns: its device-plugin grants. Its DRA claims are not the pod's to
+    release (a claim may serve several pods): the kubelet unprepares them, or the watchdog's claim
+    reconciliation, each as a ``claim.unprepared``."""
+    return [a for a in state.pod_allocations(pod_uid) if not a.alloc_id.startswith(CLAIM_PREFIX)]
 
 
 def _reply(alloc: Allocation) -> AllocateReply:

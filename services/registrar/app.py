@@ -14,12 +14,12 @@ from libs.config import Settings
 from libs.errors import BusError
 from libs.events.codec import StoredEvent
 from libs.events.schema import GpuModeChanged, InventoryRecorded
+from libs.kube.claims import ClaimSource
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.logger import get_logger
 from libs.runtime import Supervisor
 from services.registrar.catalog import DeviceCatalog
 from services.registrar.cdispecs import CdiSpecs
-from services.registrar.claimsource import ClaimSource
 from services.registrar.dra import DraPlugin, DraServers, rebuild_cdi
 from services.registrar.health import DeviceHealth
 from services.registrar.kubelet import KubeletRegistration

@@ -34,6 +34,7 @@ from libs.commands import (
 )
 from libs.dra import DRIVER_NAME, PLUGIN_TYPE, SUPPORTED_VERSIONS, device_name, pool_name
 from libs.errors import BusError, RemoteError
+from libs.kube.claims import ClaimNotFound, ClaimSource
 from libs.kubelet.dra.v1 import api_pb2 as v1
 from libs.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from libs.kubelet.dra.v1beta1 import api_pb2 as v1beta1
@@ -47,7 +48,6 @@ from libs.logger import get_logger
 from libs.unixsock import check_socket_path
 from services.registrar.catalog import DeviceCatalog
 from services.registrar.cdispecs import CdiSpecs
-from services.registrar.claimsource import ClaimNotFound, ClaimSource
 from services.registrar.health import DeviceHealth
 
 __all__ = ["DraPlugin", "DraServers", "rebuild_cdi"]

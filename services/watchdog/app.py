@@ -1,5 +1,5 @@
 """Watchdog composition root: Kubernetes pod source -> recycling, admission cleanup, annotation repair,
-node labels and pod queries on NATS."""
+node labels, pod queries on NATS, and (DRA driver on) the reconciliation of prepared claims."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from libs.bus import Bus
 from libs.commands import PodsRequest
 from libs.config import Settings
+from libs.kube.claims import ClaimSource
 from libs.kube.source import PodSource, make_client
 from libs.runtime import Supervisor
 from services.watchdog.admission import AdmissionCleanup
 from services.watchdog.annotations import AnnotationRepair
+from services.watchdog.claims import ClaimReconciler
 from services.watchdog.kubeletpods import KubeletPods
 from services.watchdog.labels import NodeLabeler
 from services.watchdog.metrics import observe
@@ -38,12 +40,16 @@ async def service(settings: Settings, *, reconcile_period: float | None = None) 
         client = make_client(settings.kubeconfig)
         stack.push_async_callback(client.close)
         source = PodSource(client, settings.node_name)
+        claims = None
+        if settings.dra_gpus:  # the DRA driver is on: its prepared claims are reconciled too
+            claims = ClaimReconciler(bus, ClaimSource(client), source, settings.request_timeout)
         recycler = Recycler(
             bus, settings.request_timeout, source,
             admission=AdmissionCleanup(client),
             annotations=AnnotationRepair(client),
             labeler=NodeLabeler(client, settings.node_name, settings.node_label_map),
             kubelet=KubeletPods(settings.pod_resources_socket, settings.request_timeout),
+            claims=claims,
         )
         bus.on_reconnect.append(recycler.kick)  # reconcile as soon as the broker is back
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))

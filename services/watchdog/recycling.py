@@ -14,6 +14,11 @@ whose annotations disagree with the ledger, and keeps the node labels current. A
 never free a running pod's GPU, so a release needs the fresh list, and the kubelet's agreement when
 its socket answers.
 
+With the DRA driver on, a pass also releases the prepared claims whose ResourceClaim is gone or
+reserved for no live pod (``services.watchdog.claims``). Claims are left out of everything else here:
+a claim is not its first pod's grant (several pods may share it), and only ``claim.unprepared``
+keeps the ledger's record of unprepared claims that refuses stale prepares.
+
 A pass also runs as soon as something may have been missed, not at the next period: when the NATS
 connection comes back (the broker was away), and, after a release or a pass that failed (the
 allocator, the broker or the API server away), every ``RETRY_S`` until a pass succeeds, i.e. as soon
@@ -43,10 +48,11 @@ from libs.commands import (
 from libs.errors import BusError
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.kube.source import PodSource
-from libs.ledger.state import Allocation
+from libs.ledger.state import CLAIM_PREFIX, Allocation
 from libs.logger import get_logger
 from services.watchdog.admission import AdmissionCleanup, admission_failed
 from services.watchdog.annotations import AnnotationRepair
+from services.watchdog.claims import ClaimReconciler
 from services.watchdog.kubeletpods import KubeletPods, KubeletView
 from services.watchdog.labels import NodeLabeler
 
@@ -79,16 +85,18 @@ class Repairs:
     deleted: list[str] = field(default_factory=list)        # pod keys (failed admission, controller-owned)
     patched: list[str] = field(default_factory=list)        # pod keys whose annotations were repaired
     unrecorded: list[str] = field(default_factory=list)     # kubelet vcore assignments the ledger lacks
+    claims_released: dict[str, str] = field(default_factory=dict)  # DRA claim uid -> reason
     labels_updated: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.released or self.deleted or self.patched or self.unrecorded or self.labels_updated)
+        return bool(self.released or self.deleted or self.patched or self.unrecorded or self.claims_released
+                    or self.labels_updated)
 
 
 class Recycler:
     def __init__(self, bus: Bus, timeout: float, source: PodSource, *, admission: AdmissionCleanup | None = None,
                  annotations: AnnotationRepair | None = None, labeler: NodeLabeler | None = None,
-                 kubelet: KubeletPods | None = None) -> None:
+                 kubelet: KubeletPods | None = None, claims: ClaimReconciler | None = None) -> None:
         self.bus = bus
         self.timeout = timeout
         self.source = source  # the recycler gets its changes: the composition root runs source.run(self.on_change)
@@ -96,6 +104,7 @@ class Recycler:
         self.annotations = annotations
         self.labeler = labeler
         self.kubelet = kubelet
+        self.claims = claims  # the DRA driver's prepared claims, when it is on
         self.passes = 0  # finished reconciliation passes, for tests
         self._released: set[str] = set()  # pods already released, so MODIFIED events do not repeat it
         self._releasing: set[asyncio.Task[bool]] = set()  # deleted pods' releases still in flight
@@ -158,7 +167,8 @@ class Recycler:
         state = await self.bus.request(self.bus.subjects.state, StateRequest(), StateReply, timeout=self.timeout)
         held: dict[str, list[Allocation]] = defaultdict(list)
         for alloc in state.snapshot.allocations:
-            held[alloc.pod_uid].append(alloc)
+            if not alloc.alloc_id.startswith(CLAIM_PREFIX):  # claims: see self.claims below
+                held[alloc.pod_uid].append(alloc)
         fresh = {p.uid: p for p in await self.source.list_fresh()}
         kubelet = await self.kubelet.view() if self.kubelet is not None else None
 
@@ -190,6 +200,12 @@ class Recycler:
                 _logger.warning("the kubelet reports GPU devices the ledger does not hold",
                                 containers=repairs.unrecorded)
 
+        if self.claims is not None:
+            claims = await self.claims.reconcile(state.claims)
+            repairs.claims_released = claims.released
+            if claims.failed:
+                self._retry = True  # the allocator did not answer: try again soon
+
         if self.labeler is not None:
             inventory = await self.bus.request(self.bus.subjects.inventory, InventoryRequest(), InventoryReply,
                                                timeout=self.timeout)
@@ -212,7 +228,8 @@ class Recycler:
                 ok = True
                 if repairs:
                     _logger.info("reconciliation repaired state", released=repairs.released, deleted=repairs.deleted,
-                              patched=repairs.patched, labels_updated=repairs.labels_updated)
+                                 patched=repairs.patched, claims_released=repairs.claims_released,
+                                 labels_updated=repairs.labels_updated)
             except Exception as exc:  # the allocator or the API server is away: try again
                 error = str(exc) or type(exc).__name__
                 if self.passes == 0:

@@ -1,4 +1,5 @@
-"""Reading ResourceClaims (resource.k8s.io/v1) from the API server, for NodePrepareResources.
+"""Reading ResourceClaims (resource.k8s.io/v1) from the API server: the registrar's NodePrepareResources
+and the watchdog's claim reconciliation read them the same way.
 
 The kubelet's request names a claim (namespace, name, UID); its allocation result (device, shareID,
 consumed capacity) and reservedFor are in the object, at
@@ -22,7 +23,7 @@ class ClaimNotFound(LookupError):
 
 
 class ClaimSource:
-    """lightkube is imported only here, when DRA is on: the registrar without DRA never loads it."""
+    """lightkube is imported only here, when DRA is on: a service without DRA never loads it."""
 
     def __init__(self, client: Any) -> None:
         from lightkube import ApiError
