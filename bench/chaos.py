@@ -201,10 +201,15 @@ class Chaos:
             self.report.lifecycles += 1
             if pod["status"]["phase"] != "Running":  # do not burn the lifecycles while a process is away
                 await asyncio.wait_for(self.whole.wait(), 90)
+                # ...nor while the node is full: a refused pod's worker pauses as a real controller's
+                # backoff would, so that running pods end and the lifecycles meet the disruptions
+                await asyncio.sleep(rng.uniform(0.2, 0.5))
 
     def _refused(self, pod: dict[str, Any], manifest: dict[str, Any]) -> None:
         message = pod["status"].get("message", "")
-        if "no free node" in message:
+        if "requested number of devices unavailable" in message:
+            cause = "no room in the kubelet's own view"  # the kubelet refused before asking us
+        elif "no free node" in message:
             cause = "no room"
             if self._kubelet_had_room(pod["metadata"]["uid"], manifest):
                 self.report.room_refusals.append(f"{pod['metadata']['name']}: {message}")
