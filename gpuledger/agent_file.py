@@ -15,15 +15,28 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import click
 import msgspec
 
 from gpuledger.agent import SERVICES
 from libs.config import Settings, default_state_dir
+from libs.lifeline import process_alive
 from libs.metrics import metrics_port
 
-__all__ = ["AGENT_FILE", "DEFAULT_NATS_URL", "AgentInfo", "Target", "find_agent", "locate", "read_agent",
-           "remove_agent_file", "write_agent_file"]
+__all__ = [
+    "AGENT_FILE",
+    "DEFAULT_NATS_URL",
+    "AgentInfo",
+    "Target",
+    "find_agent",
+    "locate",
+    "locate_options",
+    "read_agent",
+    "remove_agent_file",
+    "write_agent_file",
+]
 
 AGENT_FILE = "agent.json"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -68,20 +81,10 @@ def _load(path: Path) -> AgentInfo | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process (root's agent): alive
-    return True
-
-
 def read_agent(state_dir: str | Path) -> AgentInfo | None:
     """The running agent of ``state_dir``; None when there is none (no file, or its ``up`` is gone)."""
     info = _load(Path(state_dir) / AGENT_FILE)
-    return info if info is not None and _alive(info.pid) else None
+    return info if info is not None and process_alive(info.pid) else None
 
 
 def find_agent(state_dir: str | None) -> AgentInfo | None:
@@ -135,3 +138,18 @@ def wrong_node(where: str, answered: list[str], wanted: str) -> str | None:
     nodes = ", ".join(repr(n) for n in answered)
     hint = f"--node-name {answered[0]}" if len(answered) == 1 else "--node-name with one of them"
     return f"{where} answers for node {nodes}, not {wanted!r}: pass {hint}, or the agent's --state-dir"
+
+
+def locate_options(fn: Any) -> Any:
+    """``--state-dir``, ``--nats-url``, ``--node-name``: how a command finds the running agent (``locate``)."""
+    for option in reversed((
+        click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envvar=True, default=None,
+                     help="Find the agent `gpuledger up` runs there (its agent.json) [default: the default state "
+                          "directory, else its demo/]."),
+        click.option("--nats-url", envvar="GPULEDGER_NATS_URL", show_envvar=True, default=None,
+                     help="The agent's NATS server [default: the running agent's, else nats://127.0.0.1:4222]."),
+        click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], show_envvar=True, default=None,
+                     help="The node whose agent to ask [default: the running agent's, else the host name]."),
+    )):
+        fn = option(fn)
+    return fn

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from gpuledger.agent_file import locate_options
+
 __all__ = ["gpu"]
 
 
@@ -51,13 +53,7 @@ def _run(ctx: click.Context, **fields: Any) -> None:
 
 
 @click.group()
-@click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envvar=True, default=None,
-              help="Find the agent `gpuledger up` runs there (its agent.json) [default: the default state "
-                   "directory, else its demo/].")
-@click.option("--nats-url", envvar="GPULEDGER_NATS_URL", show_envvar=True, default=None,
-              help="The agent's NATS server [default: the running agent's, else nats://127.0.0.1:4222].")
-@click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], show_envvar=True, default=None,
-              help="The node whose allocator to ask [default: the running agent's, else the host name].")
+@locate_options
 @click.option("--timeout", type=float, default=5.0, show_default=True)
 @click.pass_context
 def gpu(ctx: click.Context, state_dir: str | None, nats_url: str | None, node_name: str | None,

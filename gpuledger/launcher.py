@@ -38,7 +38,7 @@ from gpuledger.agent import SERVICES
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.errors import GpuledgerError
-from libs.lifeline import describe_exit, die_with_parent
+from libs.lifeline import describe_exit, die_with_parent, process_alive
 from libs.logger import get_logger
 
 __all__ = ["BROKER", "SERVICES", "Child", "Launcher", "LauncherError", "settings_env"]
@@ -290,7 +290,7 @@ def clear_stale(status_path: Path, timeout: float = 5.0) -> list[int]:
     except (OSError, ValueError):
         return []
     up_pid = recorded.get("pid")
-    if isinstance(up_pid, int) and up_pid != os.getpid() and _alive(up_pid) and "up" in _cmdline(up_pid):
+    if isinstance(up_pid, int) and up_pid != os.getpid() and process_alive(up_pid) and "up" in _cmdline(up_pid):
         raise LauncherError(f"another gpuledger up (pid {up_pid}) runs on state dir {status_path.parent}")
     killed = []
     for name, child in (recorded.get("children") or {}).items():
@@ -301,22 +301,9 @@ def clear_stale(status_path: Path, timeout: float = 5.0) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
             killed.append(pid)
     deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in killed) and time.monotonic() < deadline:
+    while any(process_alive(p) for p in killed) and time.monotonic() < deadline:
         time.sleep(0.05)
     return killed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purpose (its parent has not reaped it yet).
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
 
 
 def _cmdline(pid: int | None) -> list[str]:

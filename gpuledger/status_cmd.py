@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from gpuledger.agent_file import locate_options
 from gpuledger.options import OptionConflict
 from libs.status import graph_json, render_graph, usage_json
 
@@ -56,13 +57,7 @@ def _get(url: str, timeout: float) -> dict[str, Any]:
 
 
 @click.command()
-@click.option("--state-dir", envvar="GPULEDGER_STATE_DIR", show_envvar=True, default=None,
-              help="Find the agent `gpuledger up` runs there (its agent.json) [default: the default state "
-                   "directory, else its demo/].")
-@click.option("--nats-url", envvar="GPULEDGER_NATS_URL", show_envvar=True, default=None,
-              help="The agent's NATS server [default: the running agent's, else nats://127.0.0.1:4222].")
-@click.option("--node-name", envvar=["GPULEDGER_NODE_NAME", "NODE_NAME"], show_envvar=True, default=None,
-              help="The node whose agent to ask [default: the running agent's, else the host name].")
+@locate_options
 @click.option("--url", default=None, help="Read the allocator's HTTP endpoint instead, e.g. http://127.0.0.1:5678.")
 @click.option("--json", "as_json", is_flag=True, help="Print {graph, usage} as JSON (what /graph and /usage serve).")
 @click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to wait for the agent.")

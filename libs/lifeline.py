@@ -10,13 +10,15 @@ and every service is built to survive a SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["describe_exit", "die_with_parent"]
+__all__ = ["describe_exit", "die_with_parent", "process_alive"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -50,3 +52,17 @@ def describe_exit(returncode: int | None) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit code {returncode}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (someone else's process counts; a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purpose (its parent has not reaped it yet).
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
