@@ -10,6 +10,7 @@ from typing import Any
 import click
 import msgspec
 
+from gpuledger.inspect import with_times
 from gpuledger.options import agent_options, settings_from
 from libs.config import Settings
 from libs.events.codec import format_time, parse_time
@@ -46,15 +47,6 @@ def _json(value: object) -> None:
     print(msgspec.json.encode(value).decode())
 
 
-def _with_times(item: dict[str, Any], *fields: str) -> dict[str, Any]:
-    """Times as every ``--json`` gives them: RFC 3339 with nanoseconds, the unix nanoseconds beside
-    them as ``<field>_ns`` (None stays None)."""
-    for name in fields:
-        raw = item.get(name)
-        item[name], item[f"{name}_ns"] = (format_time(raw) if raw is not None else None), raw
-    return item
-
-
 @click.group()
 def fleet() -> None:
     """The fleet ledger: every node's allocation history in one place (see docs/fleet.md)."""
@@ -85,7 +77,7 @@ def at_(when: str, node: str | None, db: str, state_dir: str, as_json: bool) -> 
         data = msgspec.to_builtins(states)
         for held in data:
             for out in held["allocations"]:
-                _with_times(out, "since")
+                with_times(out, "since")
         _json(data)
         return
     if not states:
@@ -114,8 +106,8 @@ def history_(node: str | None, pod: str | None, namespace: str | None, gpu: str 
     if as_json:
         out = []
         for row in msgspec.to_builtins(rows):
-            _with_times(row, "valid_from", "valid_to")
-            _with_times(row["holding"], "since")
+            with_times(row, "valid_from", "valid_to")
+            with_times(row["holding"], "since")
             out.append(row)
         _json(out)
         return
@@ -152,7 +144,7 @@ def nodes_(db: str, state_dir: str, as_json: bool) -> None:
 
     rows = nodes(_engine(db, state_dir))
     if as_json:
-        _json([_with_times(row, "last_event_at") for row in msgspec.to_builtins(rows)])
+        _json([with_times(row, "last_event_at") for row in msgspec.to_builtins(rows)])
         return
     for n in rows:
         print(f"{n.node:<24}seq {n.last_seq:<10}{n.events:>10} events  last {format_time(n.last_event_at)}")

@@ -47,6 +47,7 @@ __all__ = [
     "replay_json",
     "replay_state",
     "summary",
+    "with_times",
 ]
 
 
@@ -226,10 +227,18 @@ def replay_json(view: AuditView) -> dict[str, Any]:
     data = msgspec.to_builtins(view)
     data["time"] = format_time(view.time) if view.time else None
     data["time_ns"] = view.time
-    for held, holding in zip(data["allocations"], view.allocations, strict=True):
-        held["since"] = format_time(holding.since)
-        held["since_ns"] = holding.since
+    for held in data["allocations"]:
+        with_times(held, "since")
     return data
+
+
+def with_times(item: dict[str, Any], *fields: str) -> dict[str, Any]:
+    """Times as every ``--json`` gives them: RFC 3339 with nanoseconds, the unix nanoseconds beside
+    them as ``<field>_ns`` (None stays None)."""
+    for name in fields:
+        raw = item.get(name)
+        item[name], item[f"{name}_ns"] = (format_time(raw) if raw is not None else None), raw
+    return item
 
 
 def _notes(a: Holding) -> str:
