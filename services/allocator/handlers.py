@@ -140,8 +140,10 @@ class Allocator:
     async def _release_gone_holders(self) -> bool:
         """Release the allocations of pods gone from the node (liveness.py); whether any were."""
         gone = await gone_holders(self.state, self.kubelet, self.pod_cache.pods if self.pod_cache else None)
+        if gone:
+            await self._move_misattributed_grants(gone[0])  # one kubelet List for all of them
         for uid in gone:
-            await self.release(ReleaseRequest(pod_uid=uid, reason=GONE_AT_ALLOCATE))
+            await self._release_recorded(ReleaseRequest(pod_uid=uid, reason=GONE_AT_ALLOCATE))
         return bool(gone)
 
     async def _allocate(self, req: AllocateRequest) -> AllocateReply:
@@ -483,15 +485,21 @@ class Allocator:
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
         if _device_plugin_grants(self.state, req.pod_uid):
-            # A grant recorded under this pod may be one the kubelet gave to another container (an
-            # Allocate-time guess not corrected yet, e.g. matched to a pod rejected meanwhile):
-            # released with this pod, that container would run on devices the ledger holds for
-            # nobody. Move such grants to their real holders first (an ordinary correction).
-            try:
-                await self.verify_identity(reason="release")
-            except (ServiceError, BusError) as exc:
-                _logger.warning("could not check the kubelet's record before a release", pod_uid=req.pod_uid,
-                                error=str(getattr(exc, "message", exc)))
+            await self._move_misattributed_grants(req.pod_uid)
+        return await self._release_recorded(req)
+
+    async def _move_misattributed_grants(self, pod_uid: str) -> None:
+        """A grant recorded under a pod being released may be one the kubelet gave to another container
+        (an Allocate-time guess not corrected yet, e.g. matched to a pod rejected meanwhile): released
+        with that pod, the container would run on devices the ledger holds for nobody. Move such grants
+        to their real holders first (an ordinary correction; one kubelet List covers every pod)."""
+        try:
+            await self.verify_identity(reason="release")
+        except (ServiceError, BusError) as exc:
+            _logger.warning("could not check the kubelet's record before a release", pod_uid=pod_uid,
+                            error=str(getattr(exc, "message", exc)))
+
+    async def _release_recorded(self, req: ReleaseRequest) -> ReleaseReply:
         held: list[Allocation] = []
 
         def decide(state: LedgerState) -> list[Event]:
