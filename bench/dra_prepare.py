@@ -6,6 +6,12 @@ call: ResourceClaim GET, NATS request to the allocator, decision + durable appen
 CDI spec written atomically, reply. Each claim is unprepared after it was measured (not timed) so the
 GPU never fills. Floor: the plugin watcher's GetInfo on the same process (one gRPC round trip).
 
+Logging is set up as a service process sets it up (``libs.runtime.run_service``): JSON lines at the
+production level, info (``--log-level`` changes it), written to ``services.log`` in the bench's work
+directory rather than the terminal (the DaemonSet's stderr goes to a file as well). Without that set-up
+structlog's default prints every debug line (one per NATS request) to stdout, which is not what a node
+pays.
+
     python -m bench.dra_prepare [--claims 1000] [--json out.json]
 """
 
@@ -30,11 +36,13 @@ from libs.kubelet.dra.v1 import api_pb2 as v1
 from libs.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from libs.kubelet.pluginregistration.v1 import api_pb2 as reg
 from libs.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from libs.logger import configure_logging
 from services.allocator import app as allocator_app
 from services.registrar import app as registrar_app
 from tests.dra.helpers import ClaimApi
 
 MIB = 1 << 20
+SHM = "/dev/shm"
 
 
 def _stats(ms: list[float]) -> dict[str, float]:
@@ -43,8 +51,12 @@ def _stats(ms: list[float]) -> dict[str, float]:
             "max": round(ms[-1], 3)}
 
 
-async def main(claims: int, warmup: int) -> dict[str, object]:
+async def main(claims: int, warmup: int, log_level: str = "info") -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="bdra", dir="/tmp"))
+    log_file = (root / "services.log").open("w")
+    # A node's CDI directory (/var/run/cdi) is on a tmpfs; so is this one where the machine has one.
+    cdi_root = Path(tempfile.mkdtemp(prefix="bdra", dir=SHM)) if os.path.isdir(SHM) else root
+    configure_logging("bench", fmt="json", level=log_level, stream=log_file)
     nats = NatsServer(root / "nats")
     url = await nats.start()
     try:
@@ -52,8 +64,9 @@ async def main(claims: int, warmup: int) -> dict[str, object]:
             settings = Settings(node_name="bench", state_dir=str(root / "s"), device_plugin_dir=str(root / "dp"),
                                 nats_url=url, gpus="fake", kubeconfig=api.kubeconfig(root / "kubeconfig"),
                                 dra_gpus="all", kubelet_plugins_dir=str(root / "plugins"),
-                                plugins_registry_dir=str(root / "reg"), cdi_dir=str(root / "cdi"),
-                                health_checks=False, log_level="warning", driver_volumes=False)
+                                plugins_registry_dir=str(root / "reg"), cdi_dir=str(cdi_root / "cdi"),
+                                health_checks=False, log_level=log_level, log_format="json",
+                                driver_volumes=False)
             (root / "dp").mkdir()
             total = claims + warmup
             for i in range(total):
@@ -82,20 +95,27 @@ async def main(claims: int, warmup: int) -> dict[str, object]:
                         if i >= warmup:
                             prepare_ms.append(took)
                             floor_ms.append(floor)
+        log_file.flush()
+        with (root / "services.log").open() as written:
+            log_lines = sum(1 for _ in written)
         return {"claims": claims, "prepare_ms": _stats(prepare_ms), "floor_getinfo_ms": _stats(floor_ms),
+                "cdi_dir": settings.cdi_dir, "log_level": log_level, "service_log_lines": log_lines,
                 "loadavg": os.getloadavg(), "cpus": os.cpu_count(), "python": platform.python_version()}
     finally:
         await nats.stop()
+        log_file.close()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(cdi_root, ignore_errors=True)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--log-level", default="info", help="the services' log level (production: info)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    result = asyncio.run(main(args.claims, args.warmup))
+    result = asyncio.run(main(args.claims, args.warmup, args.log_level))
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
