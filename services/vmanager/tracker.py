@@ -12,7 +12,9 @@ long gone); at that point one reconciliation runs:
 - every pod holding allocations gets its server back (recovery after a vmanager restart).
 
 After that, a grant prepares its pod at once (the socket exists before PreStartContainer) and the
-release of a pod's last allocation stops its server and removes its directory.
+release of a pod's last allocation stops its server and removes its directory. A prepared DRA claim
+is served in a directory of its own (``<vm_root>/<claim uid>``, what its CDI spec mounts in every pod
+that uses it), made at ``claim.prepared`` and removed at ``claim.unprepared``.
 
 An ``alloc.corrected`` (the allocator learnt from the kubelet that a grant belongs to another pod or
 container) prepares the pod that now holds it, rewrites or removes the vcuda.config files written
@@ -34,8 +36,14 @@ from nats.js.errors import NotFoundError
 from libs.bus.client import Bus
 from libs.bus.follow import LogFollower
 from libs.events.codec import StoredEvent
-from libs.events.schema import AllocationCorrected, AllocationGranted, AllocationReleased
-from libs.ledger.state import LedgerState
+from libs.events.schema import (
+    AllocationCorrected,
+    AllocationGranted,
+    AllocationReleased,
+    ClaimPrepared,
+    ClaimUnprepared,
+)
+from libs.ledger.state import CLAIM_PREFIX, LedgerState
 from libs.logger import get_logger
 from services.vmanager.cleanup import scan_vm_root
 from services.vmanager.podsockets import PodGone, PodSockets
@@ -86,10 +94,15 @@ class AllocationTracker:
                 await self._reconcile()
             return
         ev = stored.event
-        if isinstance(ev, AllocationGranted):
+        if isinstance(ev, ClaimPrepared):
+            await self._prepare(ev.claim_uid)  # the claim's own directory: its CDI spec mounts it
+        elif isinstance(ev, AllocationGranted):
             await self._prepare(ev.pod_uid)
-        elif isinstance(ev, AllocationReleased) and not self.state.holds(ev.pod_uid):
-            await self._teardown(ev.pod_uid)
+        elif isinstance(ev, AllocationReleased):
+            if isinstance(ev, ClaimUnprepared):
+                await self._teardown(ev.claim_uid)
+            if not self.state.holds(ev.pod_uid):
+                await self._teardown(ev.pod_uid)
         elif isinstance(ev, AllocationCorrected):
             await self._follow_correction(ev)
 
@@ -127,7 +140,9 @@ class AllocationTracker:
                       rewritten=done.rewritten, removed=done.removed)
 
     async def _reconcile(self) -> None:
-        live = self.state.pods()
+        # Pods served in their own directory (device-plugin grants), and prepared claims in theirs.
+        pods = {a.pod_uid for a in self.state.allocations.values() if not a.alloc_id.startswith(CLAIM_PREFIX)}
+        live = pods | set(self.state.claims())
         await self.sockets.retain(live)
         pod_dirs, others = await asyncio.to_thread(scan_vm_root, self.vm_root)
         for name in sorted(others - self._warned):
@@ -137,10 +152,12 @@ class AllocationTracker:
         if self.state.seq > 0:
             for pod_uid in sorted(pod_dirs - live):
                 await self._teardown(pod_uid)
-        for pod_uid in sorted(live):
-            await self._prepare(pod_uid)
-            await self._realign(pod_uid)
-        _logger.info("caught up with the allocation log", seq=self.state.seq, pods=len(live),
+        for key in sorted(live):
+            await self._prepare(key)
+            if key in pods:
+                await self._realign(key)
+        _logger.info("caught up with the allocation log", seq=self.state.seq, pods=len(pods),
+                  claims=len(live - pods),
                   removed=len(pod_dirs - live) if self.state.seq > 0 else 0)
         self.caught_up.set()
 
