@@ -42,16 +42,27 @@ from libs.events.schema import (
     AllocationReleased,
     ClaimPrepared,
     ClaimUnprepared,
+    ContainerResponse,
 )
 from libs.ledger.state import CLAIM_PREFIX, LedgerState
 from libs.logger import get_logger
+from libs.placement.responses import VCUDA_MOUNTPOINT
 from services.vmanager.cleanup import scan_vm_root
 from services.vmanager.podsockets import PodGone, PodSockets
 from services.vmanager.realign import realign_pod_dir, wanted_configs
 
-__all__ = ["AllocationTracker", "stream_last_seq"]
+__all__ = ["AllocationTracker", "claim_directory", "stream_last_seq"]
 
 _logger = get_logger("vmanager")
+
+
+def claim_directory(claim_uid: str, response: ContainerResponse) -> str:
+    """The vm-root directory a claim's containers mount at /etc/vcuda: the claim's own, or, for a claim
+    prepared by an earlier version, its first pod's (what its response, and so its CDI spec, says)."""
+    for mount in response.mounts:
+        if mount.container_path == VCUDA_MOUNTPOINT:
+            return Path(mount.host_path).name
+    return claim_uid  # hami-core delivery: the cache directories live in the claim's directory
 
 
 async def stream_last_seq(bus: Bus) -> int:
@@ -95,7 +106,7 @@ class AllocationTracker:
             return
         ev = stored.event
         if isinstance(ev, ClaimPrepared):
-            await self._prepare(ev.claim_uid)  # the claim's own directory: its CDI spec mounts it
+            await self._prepare(claim_directory(ev.claim_uid, ev.response))  # what its CDI spec mounts
         elif isinstance(ev, AllocationGranted):
             await self._prepare(ev.pod_uid)
         elif isinstance(ev, AllocationReleased):
@@ -140,9 +151,12 @@ class AllocationTracker:
                       rewritten=done.rewritten, removed=done.removed)
 
     async def _reconcile(self) -> None:
-        # Pods served in their own directory (device-plugin grants), and prepared claims in theirs.
+        # Pods served in their own directory (device-plugin grants), and prepared claims in theirs (a
+        # claim prepared by an earlier version mounts its first pod's directory: that pod's, kept).
         pods = {a.pod_uid for a in self.state.allocations.values() if not a.alloc_id.startswith(CLAIM_PREFIX)}
-        live = pods | set(self.state.claims())
+        claim_dirs = {claim_directory(uid, a.response) for uid, a in self.state.claims().items()}
+        pods |= {a.pod_uid for a in self.state.claims().values() if a.pod_uid in claim_dirs}
+        live = pods | claim_dirs
         await self.sockets.retain(live)
         pod_dirs, others = await asyncio.to_thread(scan_vm_root, self.vm_root)
         for name in sorted(others - self._warned):
