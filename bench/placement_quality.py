@@ -10,7 +10,8 @@ that moment. The offline bound is the most arrivals any placement, knowing the w
 place before its first refusal: an exhaustive search over placements (GPUs with the same contents are
 interchangeable, so states are canonicalised and memoised); its utilisation follows from the trace.
 For multi-GPU grants, the link quality: NVLinks per GPU pair, and the share of grants that cross
-the CPU sockets (SYS).
+the CPU sockets (SYS). The same traces in DRA mode (bench/dra_placement.py): each arrival a
+ResourceClaim placed by the simulator's structured-parameters allocator, the kube-scheduler's part.
 
     python -m bench.placement_quality [--traces 100] [--arrivals 40] [--seed 1]
 """
@@ -30,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from bench.dra_placement import run_dra_trace
 from gpuledger.simulation import Simulation
 from libs.config import MEMORY_BLOCK
 from libs.errors import ServiceError
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             bounds: list[int] = []
             kept: list[list[Request | str]] = []
             skipped = 0
-            runs: dict[str, list[Run]] = {"ours": [], "first-fit": []}
+            runs: dict[str, list[Run]] = {"ours": [], "first-fit": [], "DRA (scheduler)": []}
             for k, ops in enumerate(traces):
                 try:
                     bound = offline_bound(inv, ops)
@@ -246,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                 kept.append(ops)
                 runs["ours"].append(run_trace(inv, ops, place))
                 runs["first-fit"].append(run_trace(inv, ops, first_fit))
-                for label, placed in (("ours", runs["ours"][-1].placed), ("first-fit", runs["first-fit"][-1].placed)):
+                runs["DRA (scheduler)"].append(run_dra_trace(inv, ops, Run()))
+                for label, rs in runs.items():
+                    placed = rs[-1].placed
                     if placed > bound:
                         raise AssertionError(f"{name} trace {k}: {label} placed {placed} > bound {bound}")
                 if (k + 1) % 50 == 0:

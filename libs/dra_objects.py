@@ -36,7 +36,6 @@ __all__ = [
     "device_class",
     "gpu_device",
     "node_slice",
-    "select_dra_gpus",
     "slice_name",
 ]
 
@@ -44,22 +43,6 @@ API_VERSION = "resource.k8s.io/v1"
 UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 _SAME_ROOT = ("PIX", "PXB")
-
-
-def select_dra_gpus(spec: str, gpus: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
-    """The GPUs named by a ``dra_gpus`` setting ("" none, "all", or indexes/UUIDs, comma-separated)."""
-    spec = spec.strip()
-    if not spec:
-        return ()
-    if spec == "all":
-        return gpus
-    wanted = [w.strip() for w in spec.split(",") if w.strip()]
-    by_key = {str(g.index): g for g in gpus} | {g.uuid: g for g in gpus}
-    unknown = [w for w in wanted if w not in by_key]
-    if unknown:
-        raise ValueError(f"dra_gpus names GPUs this node does not have: {', '.join(unknown)}")
-    chosen = {by_key[w].index for w in wanted}
-    return tuple(g for g in gpus if g.index in chosen)
 
 
 def _components(size: int, linked: Any) -> list[int]:

@@ -109,10 +109,26 @@ class ObjectMeta(msgspec.Struct, rename="camel"):
     owner_references: list[OwnerReference] = []
 
 
+class PodResourceClaim(msgspec.Struct, rename="camel"):
+    """``spec.resourceClaims[]``: a claim by name, or one the control plane makes from a template."""
+
+    name: str = ""
+    resource_claim_name: str | None = None
+    resource_claim_template_name: str | None = None
+
+
+class PodResourceClaimStatus(msgspec.Struct, rename="camel"):
+    """``status.resourceClaimStatuses[]``: the ResourceClaim made for a template entry."""
+
+    name: str = ""
+    resource_claim_name: str | None = None
+
+
 class PodSpec(msgspec.Struct, rename="camel"):
     node_name: str = ""
     containers: list[Container] = []
     init_containers: list[Container] = []
+    resource_claims: list[PodResourceClaim] = []
 
 
 class ContainerStatus(msgspec.Struct, rename="camel"):
@@ -135,6 +151,7 @@ class PodStatus(msgspec.Struct, rename="camel"):
     qos_class: str = ""
     container_statuses: list[ContainerStatus] = []
     init_container_statuses: list[ContainerStatus] = []
+    resource_claim_statuses: list[PodResourceClaimStatus] = []
 
 
 class Pod(msgspec.Struct):
@@ -157,6 +174,13 @@ class Pod(msgspec.Struct):
 
     def all_statuses(self) -> list[ContainerStatus]:
         return [*self.status.init_container_statuses, *self.status.container_statuses]
+
+    def claim_names(self) -> set[str]:
+        """The ResourceClaims (in the pod's namespace) the pod uses: named ones, and those made for its
+        template entries."""
+        named = {c.resource_claim_name for c in self.spec.resource_claims if c.resource_claim_name}
+        made = {s.resource_claim_name for s in self.status.resource_claim_statuses if s.resource_claim_name}
+        return named | made
 
 
 def is_active(pod: Pod) -> bool:

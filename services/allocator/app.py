@@ -93,7 +93,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
             client = None
         else:
             stack.push_async_callback(client.close)
-        annotations = AnnotationWriter(client, state.pod_allocations)
+        annotations = AnnotationWriter(client, state.pod_allocations, lambda: state.gpus.values())
         pod_cache = PodCache(bus)
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
         handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,

@@ -177,9 +177,11 @@ class ClaimHandlers:
         cores = sum(s.cores for s in shares)
         memory = sum(s.memory for s in shares)
         pod_uid = claim.reserved_pods[0]
+        # The vcuda directory is the claim's own (<vm_root>/<claim uid>), not a pod's: the CDI spec is
+        # per claim, so every pod sharing the claim mounts it, and its gate admits each of them.
         response = build_response(
             shares=shares, cores=min(cores, 100) if len(shares) == 1 else 100 * len(shares), memory=memory,
-            pod_uid=pod_uid, vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
+            pod_uid=claim.uid, vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
             hami=self.hami, container=claim.name,
         )
         return ClaimPrepared(

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod as KubePod
@@ -29,7 +29,7 @@ from lightkube.types import PatchType
 
 from libs.errors import ServiceError
 from libs.events.schema import GpuShare
-from libs.kube.annotations import ready_annotations
+from libs.kube.annotations import extender_indexes, ready_annotations
 from libs.kube.pods import (
     ANNOTATION_CORE_LIMIT,
     ANNOTATION_GPU_ASSIGNED,
@@ -37,7 +37,7 @@ from libs.kube.pods import (
     ANNOTATION_PREDICATE_TIME,
     Pod,
 )
-from libs.ledger.state import Allocation, GpuUsage
+from libs.ledger.state import MODE_DRA, Allocation, GpuUsage
 from libs.logger import get_logger
 
 __all__ = [
@@ -74,18 +74,23 @@ def is_predicated(pod: Pod) -> bool:
 
 
 def predicated_minor(pod: Pod, index: int, gpus: Sequence[GpuUsage]) -> GpuUsage:
-    """The GPU the extender chose for app container ``index`` (texts as gpu-manager's)."""
+    """The GPU the extender chose for app container ``index`` (texts as gpu-manager's), among ``gpus``
+    (the device-plugin GPUs): the extender's number is ``extender_indexes``', which is the minor on a
+    node without DRA GPUs."""
     raw = pod.metadata.annotations.get(f"{ANNOTATION_PREDICATE_IDX}{index}")
     if raw is None:
         raise ServiceError(409, f"failed to find predicate idx for pod {pod.uid}")
     try:
-        minor = int(raw.split(",")[0])
+        number = int(raw.split(",")[0])
     except ValueError:
         raise ServiceError(409, f"failed to parse predicate idx {raw!r} for pod {pod.uid}") from None
+    numbered = extender_indexes(gpus)
     for gpu in gpus:
-        if gpu.minor == minor:
+        if gpu.mode != MODE_DRA and numbered[gpu.minor] == number:
             return gpu
-    raise ServiceError(409, f"failed to find predicate device /dev/nvidia{minor} of pod {pod.uid} on this node")
+    raise ServiceError(409, (
+        f"failed to find predicate device {number} of pod {pod.uid} on this node: the extender numbers "
+        f"its {len(numbered)} device-plugin GPU(s) 0..{len(numbered) - 1}"))
 
 
 def mismatch(pod: Pod, container: str, picked: Sequence[GpuShare], predicate: GpuUsage) -> ServiceError:
@@ -99,9 +104,11 @@ def mismatch(pod: Pod, container: str, picked: Sequence[GpuShare], predicate: Gp
 class AnnotationWriter:
     """One queue of pod patches, applied in order by one task, each retried for a bounded time."""
 
-    def __init__(self, client: AsyncClient | None, allocations_of: Callable[[str], list[Allocation]]) -> None:
+    def __init__(self, client: AsyncClient | None, allocations_of: Callable[[str], list[Allocation]],
+                 gpus: Callable[[], Iterable[GpuUsage]] | None = None) -> None:
         self.client = client
         self.allocations_of = allocations_of
+        self.gpus = gpus  # the node's GPUs now, for the extender's numbering (None: minors)
         self.queue: asyncio.Queue[tuple[str, str, str, bool]] = asyncio.Queue()
         self.written = 0
         self._keys: dict[str, set[str]] = {}  # pod uid -> the annotation keys this process wrote there
@@ -114,7 +121,8 @@ class AnnotationWriter:
         while True:
             namespace, name, pod_uid, assigned = await self.queue.get()
             held = self.allocations_of(pod_uid)  # as of now: corrections included
-            wanted = ready_annotations(held, assigned=assigned)
+            indexes = extender_indexes(self.gpus()) if self.gpus is not None else None
+            wanted = ready_annotations(held, assigned=assigned, indexes=indexes)
             if wanted:
                 self._keys.setdefault(pod_uid, set()).update(wanted)
                 await self._patch(namespace, name, wanted)

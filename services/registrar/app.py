@@ -91,7 +91,7 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
             client = make_client(settings.kubeconfig)
             stack.push_async_callback(client.close)
             # the node's ResourceSlice, kept current with inventory and health
-            supervisor.spawn(SlicePublisher(client, catalog, health, settings.dra_gpus).run(), "resource-slices")
+            supervisor.spawn(SlicePublisher(client, catalog, health).run(), "resource-slices")
             specs = CdiSpecs(Path(settings.cdi_dir))
             plugin = DraPlugin(bus, ClaimSource(client), specs, node=settings.node_name,
                                timeout=settings.dra_prepare_timeout, request_timeout=settings.request_timeout)

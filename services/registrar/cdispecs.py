@@ -27,18 +27,26 @@ class CdiSpecs:
         return self.directory / spec_file_name(claim_uid)
 
     def write(self, claim_uid: str, response: ContainerResponse, *, pod_uid: str, claim: str) -> Path:
-        """Write (or replace) the claim's spec: temporary file, fsync, rename, so a runtime reading the
-        directory never sees half a file."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Write (or replace) the claim's spec: temporary file, rename, so a runtime reading the
+        directory never sees half a file.
+
+        No fsync (of the file or the directory): the spec is not the record, the ledger is, and the
+        grant is fsynced there before the kubelet hears of it. What only a power loss could take
+        (the page cache) the registrar puts back at its start, before it serves the DRA socket: it
+        rewrites the spec of every claim the ledger holds as prepared, torn or missing ones included.
+        A container started meanwhile fails on an unresolvable CDI device and is retried, as after a
+        reboot that emptied a tmpfs /var/run/cdi (the usual case, where fsync does nothing anyway)."""
         target = self.path(claim_uid)
         data = encode_spec(spec_for_claim(claim_uid, response, pod_uid=pod_uid, claim=claim))
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
+        except FileNotFoundError:  # the directory itself is gone (a wiped tmpfs): made again
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o644)
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):

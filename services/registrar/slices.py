@@ -5,9 +5,11 @@ health view whenever either changes (both bump ``catalog.version`` and wake ``ca
 and written to the API server: created when missing, replaced with the stored resourceVersion
 otherwise (a conflict or an unreachable API server is retried with backoff, capped). Each content
 change raises the pool's generation, so the scheduler drops what an older generation said. The
-devices are the GPUs the ``dra_gpus`` setting gives to DRA; the others stay with the device plugin,
-so the slice and the advertised device-plugin capacity describe disjoint GPUs. With no DRA GPU the
-slice is deleted.
+devices are the GPUs the ledger has in DRA mode (``catalog.dra_gpus``, the allocator's answer, followed
+on every ``gpu.mode`` event), the very set ListAndWatch leaves out, so the slice and the advertised
+device-plugin capacity describe disjoint GPUs: a GPU the ``dra_gpus`` setting names but that was busy
+under the device plugin at the allocator's start (it keeps its mode) is not published, and a GPU moved
+at run time (``allocator.gpu-mode``) moves between the two. With no DRA GPU the slice is deleted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from libs.dra_objects import node_slice, select_dra_gpus, slice_name
+from libs.dra_objects import node_slice, slice_name
 from libs.logger import get_logger
 from services.registrar.catalog import DeviceCatalog
 from services.registrar.health import DeviceHealth
@@ -31,11 +33,10 @@ MAX_BACKOFF = 5.0
 
 
 class SlicePublisher:
-    def __init__(self, client: AsyncClient, catalog: DeviceCatalog, health: DeviceHealth, dra_gpus: str) -> None:
+    def __init__(self, client: AsyncClient, catalog: DeviceCatalog, health: DeviceHealth) -> None:
         self.client = client
         self.catalog = catalog
         self.health = health
-        self.dra_gpus = dra_gpus
         self.generation = 0
         self.published: dict[str, Any] | None = None  # the spec last written (None: nothing yet)
         self.writes = 0
@@ -45,7 +46,7 @@ class SlicePublisher:
         inventory = self.catalog.inventory
         if inventory is None:
             return None
-        gpus = select_dra_gpus(self.dra_gpus, inventory.gpus)
+        gpus = tuple(g for g in inventory.gpus if g.index in self.catalog.dra_gpus)
         if not gpus:
             return None
         unhealthy = {uuid: "unhealthy" for uuid in self.health.unhealthy}

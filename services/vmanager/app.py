@@ -13,6 +13,7 @@ from libs.commands import PrepareRequest
 from libs.config import Settings
 from libs.ledger import LedgerState
 from libs.runtime import Supervisor
+from services.vmanager.claimpods import ClaimPods
 from services.vmanager.containers import ContainerNames
 from services.vmanager.hamidirs import CacheDirs, prepare_node
 from services.vmanager.metrics import observe
@@ -52,10 +53,12 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         if hami:
             prepare_node(settings.hami_preload, settings.hami_mount_dir, Path(settings.hami_lock_dir),
                          Path(settings.hami_library))
+        claim_pods = ClaimPods(state, bus, timeout=settings.request_timeout)
         sockets = PodSockets(
-            settings.vm_root, VcudaServicer(registrations, callers, settings.vm_root), state.holds,
+            settings.vm_root, VcudaServicer(registrations, callers, settings.vm_root),
+            lambda key: state.holds(key) or claim_pods.is_claim(key),
             backend=settings.vcuda_backend_socket, callers=callers, proc_root=Path(settings.proc_root),
-            on_prepare=CacheDirs(state) if hami else None,
+            on_prepare=CacheDirs(state) if hami else None, admit_for=claim_pods.admission,
         )
         stack.push_async_callback(sockets.close)  # after the follower stopped: nothing restarts them
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)

@@ -69,4 +69,8 @@ class CacheDirs:
         self.state = state
 
     def __call__(self, pod_uid: str, pod_dir: Path) -> None:
-        make_cache_dirs(pod_dir, [a.container for a in self.state.pod_allocations(pod_uid)])
+        claim = self.state.claim_refs.get(pod_uid)
+        if claim is not None:  # a claim's directory: its response names the cache after the claim
+            make_cache_dirs(pod_dir, [claim.name])
+            return
+        make_cache_dirs(pod_dir, [a.container for a in self.state.pod_allocations(pod_uid) if a.container])

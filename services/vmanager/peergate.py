@@ -24,13 +24,17 @@ import contextlib
 import os
 import socket
 import struct
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from libs.cgroups import AmbiguousCgroup, CgroupOwner, owner_of_process
 from libs.logger import get_logger
 
-__all__ = ["SOCKET_MODE", "Caller", "Callers", "PeerGate", "check_caller"]
+__all__ = ["SOCKET_MODE", "Admission", "Caller", "Callers", "PeerGate", "check_caller"]
+
+# A claim socket's question about a caller's pod: None when the pod uses the claim, else why not.
+Admission = Callable[[str], Awaitable[str | None]]
 
 _logger = get_logger("vmanager")
 
@@ -42,11 +46,16 @@ _CHUNK = 64 * 1024
 
 @dataclass(frozen=True)
 class Caller:
-    pod_uid: str  # the pod whose socket was called
+    pod_uid: str  # the caller's pod (a pod's socket admits only that pod)
     pid: int
     uid: int
     owner: CgroupOwner | None
     refusal: str | None = None
+    served: str = ""  # the directory whose socket was called: the pod's, or a shared claim's
+
+    @property
+    def directory_name(self) -> str:
+        return self.served or self.pod_uid
 
 
 class Callers:
@@ -68,9 +77,12 @@ class Callers:
         return len(self._by_peer)
 
 
-def check_caller(proc_root: Path, pod_uid: str, pid: int, uid: int) -> Caller:
+def check_caller(proc_root: Path, pod_uid: str, pid: int, uid: int, *, any_pod: bool = False) -> Caller:
+    """The caller of ``pod_uid``'s socket, refused unless its cgroup is that pod's. ``any_pod``: the
+    socket of a claim's directory (``pod_uid`` names the claim), where any pod's process is identified
+    as its own pod and the gate then asks whether that pod uses the claim."""
     def refuse(why: str, owner: CgroupOwner | None = None) -> Caller:
-        return Caller(pod_uid=pod_uid, pid=pid, uid=uid, owner=owner, refusal=why)
+        return Caller(pod_uid=pod_uid, pid=pid, uid=uid, owner=owner, refusal=why, served=pod_uid)
 
     if pid <= 0:
         return refuse("the caller's pid is not visible here (run the vmanager with the host's pid namespace)")
@@ -80,11 +92,14 @@ def check_caller(proc_root: Path, pod_uid: str, pid: int, uid: int) -> Caller:
         return refuse(f"caller pid {pid} has no {proc_root}/{pid}/cgroup (process gone?)")
     except (AmbiguousCgroup, OSError, UnicodeDecodeError) as exc:
         return refuse(f"caller pid {pid}: {exc}")
+    if any_pod and owner.pod_uid:
+        return Caller(pod_uid=owner.pod_uid, pid=pid, uid=uid, owner=owner, served=pod_uid)
     if owner.pod_uid != pod_uid:
         where = f"pod {owner.pod_uid}" if owner.pod_uid else "no pod"
-        return refuse(f"caller pid {pid} is in {where} (cgroup {owner.path!r}); this socket serves pod {pod_uid}",
+        serves = f"claim {pod_uid}" if any_pod else f"pod {pod_uid}"
+        return refuse(f"caller pid {pid} is in {where} (cgroup {owner.path!r}); this socket serves {serves}",
                       owner)
-    return Caller(pod_uid=pod_uid, pid=pid, uid=uid, owner=owner)
+    return Caller(pod_uid=pod_uid, pid=pid, uid=uid, owner=owner, served=pod_uid)
 
 
 def _peercred(sock: socket.socket) -> tuple[int, int, int]:
@@ -108,8 +123,10 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 class PeerGate:
     """One pod's vcuda.sock: checks every connection, then hands it to the private gRPC server."""
 
-    def __init__(self, pod_uid: str, path: Path, backend: Path, callers: Callers, proc_root: Path) -> None:
+    def __init__(self, pod_uid: str, path: Path, backend: Path, callers: Callers, proc_root: Path,
+                 admit: Admission | None = None) -> None:
         self.pod_uid = pod_uid
+        self.admit = admit  # a shared claim's directory: which pods may call (None: only pod_uid)
         self.path = path
         self.backend = backend
         self.callers = callers
@@ -136,7 +153,12 @@ class PeerGate:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, _gid = _peercred(writer.get_extra_info("socket"))
-        caller = await asyncio.to_thread(check_caller, self.proc_root, self.pod_uid, pid, uid)
+        caller = await asyncio.to_thread(check_caller, self.proc_root, self.pod_uid, pid, uid,
+                                         any_pod=self.admit is not None)
+        if self.admit is not None and caller.refusal is None:
+            refusal = await self.admit(caller.pod_uid)
+            if refusal:
+                caller = replace(caller, refusal=f"caller pid {pid} is in pod {caller.pod_uid}: {refusal}")
         if caller.refusal:
             _logger.warning("vcuda.sock caller refused", pod_uid=self.pod_uid, pid=pid, uid=uid, reason=caller.refusal)
         backend = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

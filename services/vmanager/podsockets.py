@@ -11,6 +11,11 @@ release can never leave a server behind.
 
 The pod directory is bind-mounted into the pod's containers at /etc/vcuda. It is created once and
 never recreated for a live pod (a new directory would be invisible behind the existing mounts).
+
+A prepared DRA claim has a directory of its own, ``<vm_root>/<claim uid>``: its CDI spec mounts it in
+every container of every pod that uses the claim (a CDI device is per claim, not per pod). Its gate
+(``admit_for`` gives it) identifies each caller as its own pod and admits it only when that pod uses
+the claim, so the peer-credential check holds for each pod sharing the claim.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from libs.unixsock import check_socket_path, file_identity
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from services.vmanager.cleanup import remove_pod_dir
 from services.vmanager.names import is_pod_uid
-from services.vmanager.peergate import Callers, PeerGate
+from services.vmanager.peergate import Admission, Callers, PeerGate
 
 __all__ = ["SOCKET_NAME", "PodGone", "PodPaths", "PodSockets"]
 
@@ -66,6 +71,7 @@ class PodSockets:
         callers: Callers,
         proc_root: Path,
         on_prepare: Callable[[str, Path], None] | None = None,
+        admit_for: Callable[[str], Admission | None] | None = None,
         grace: float = 1.0,
     ) -> None:
         self.vm_root = vm_root
@@ -75,6 +81,7 @@ class PodSockets:
         self.callers = callers
         self.proc_root = proc_root
         self.on_prepare = on_prepare  # more per-pod files (hami-core cache directories), every time
+        self.admit_for = admit_for  # a claim directory's admission of pods (None for a pod's own)
         self.grace = grace
         self.servers: dict[str, _Running] = {}
         self._backend_server: grpc.aio.Server | None = None
@@ -145,7 +152,8 @@ class PodSockets:
         os.chmod(paths.directory, 0o755)
         with contextlib.suppress(FileNotFoundError):
             paths.socket.unlink()  # left by a previous run: nobody listens on it
-        gate = PeerGate(pod_uid, paths.socket, self.backend, self.callers, self.proc_root)
+        admit = self.admit_for(pod_uid) if self.admit_for is not None else None
+        gate = PeerGate(pod_uid, paths.socket, self.backend, self.callers, self.proc_root, admit=admit)
         try:
             await gate.start()
         except BaseException:

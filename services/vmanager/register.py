@@ -1,10 +1,11 @@
 """RegisterVDevice: a container's process asks for its limits, the vmanager writes its two files.
 
-The only vmanager module that speaks the vcuda proto. Every call arrives through a pod's PeerGate
-(peergate.py), which already checked that the calling process is in that pod's cgroup; the request
-can only ever write under that pod's directory:
+The only vmanager module that speaks the vcuda proto. Every call arrives through a PeerGate
+(peergate.py), which already checked that the calling process is in that pod's cgroup (or, on a shared
+claim's socket, in a pod that uses the claim); the request can only ever write under the socket's
+directory:
 
-- ``pod_uid`` must be the socket's pod;
+- ``pod_uid`` must be the caller's pod;
 - exactly one of ``container_id`` (current library) or ``container_name`` (legacy), each checked
   against the form runtimes / Kubernetes produce; an id must be the caller's own container when
   its cgroup names one;
@@ -22,7 +23,7 @@ from pathlib import Path, PurePosixPath
 import grpc
 
 from libs.cgroups import encode_pids, find_container_cgroup, read_pids
-from libs.ledger.state import CLAIM_PREFIX, Allocation, LedgerState
+from libs.ledger.state import CLAIM_PREFIX, Allocation, LedgerState, claim_alloc_id
 from libs.logger import get_logger
 from libs.vcuda import api_pb2 as pb
 from libs.vcuda import api_pb2_grpc as pb_grpc
@@ -63,7 +64,11 @@ class VDeviceRegistrations:
         self.lookup_patience = lookup_patience
         self.cgroup_root = cgroup_root
 
-    def allocation_of(self, pod_uid: str, container: str) -> Allocation | None:
+    def allocation_of(self, pod_uid: str, container: str, *, claim_uid: str = "") -> Allocation | None:
+        """The grant whose limits the container gets: through a claim's directory (``claim_uid``) the
+        claim's, for any container of a pod the gate admitted; else the pod's own."""
+        if claim_uid:
+            return self.state.allocations.get(claim_alloc_id(claim_uid))
         held = [a for a in self.state.pod_allocations(pod_uid) if a.container == container]
         if not held:
             # A DRA claim's grant names no container: every container of the pod that references
@@ -104,7 +109,8 @@ class VDeviceRegistrations:
         else:
             raise _invalid("give exactly one of container_id and container_name; both are empty")
 
-        alloc = self.allocation_of(pod_uid, name)
+        claim_uid = caller.served if caller.served and caller.served != pod_uid else ""
+        alloc = self.allocation_of(pod_uid, name, claim_uid=claim_uid)
         if alloc is None:
             raise RegisterError(
                 grpc.StatusCode.NOT_FOUND, f"no GPU allocation for container {name} of pod {pod_uid}"
@@ -185,7 +191,7 @@ class VcudaServicer(pb_grpc.VCUDAServiceServicer):
             if caller.refusal is not None:
                 raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, caller.refusal)
             entry, name, changed, pids = await self.registrations.register(
-                caller, self.vm_root / caller.pod_uid, request, time_left=context.time_remaining()
+                caller, self.vm_root / caller.directory_name, request, time_left=context.time_remaining()
             )
         except RegisterError as exc:
             _logger.warning("registration refused", pod_uid=caller.pod_uid if caller else None,

@@ -12,7 +12,9 @@ long gone); at that point one reconciliation runs:
 - every pod holding allocations gets its server back (recovery after a vmanager restart).
 
 After that, a grant prepares its pod at once (the socket exists before PreStartContainer) and the
-release of a pod's last allocation stops its server and removes its directory.
+release of a pod's last allocation stops its server and removes its directory. A prepared DRA claim
+is served in a directory of its own (``<vm_root>/<claim uid>``, what its CDI spec mounts in every pod
+that uses it), made at ``claim.prepared`` and removed at ``claim.unprepared``.
 
 An ``alloc.corrected`` (the allocator learnt from the kubelet that a grant belongs to another pod or
 container) prepares the pod that now holds it, rewrites or removes the vcuda.config files written
@@ -34,16 +36,33 @@ from nats.js.errors import NotFoundError
 from libs.bus.client import Bus
 from libs.bus.follow import LogFollower
 from libs.events.codec import StoredEvent
-from libs.events.schema import AllocationCorrected, AllocationGranted, AllocationReleased
-from libs.ledger.state import LedgerState
+from libs.events.schema import (
+    AllocationCorrected,
+    AllocationGranted,
+    AllocationReleased,
+    ClaimPrepared,
+    ClaimUnprepared,
+    ContainerResponse,
+)
+from libs.ledger.state import CLAIM_PREFIX, LedgerState
 from libs.logger import get_logger
+from libs.placement.responses import VCUDA_MOUNTPOINT
 from services.vmanager.cleanup import scan_vm_root
 from services.vmanager.podsockets import PodGone, PodSockets
 from services.vmanager.realign import realign_pod_dir, wanted_configs
 
-__all__ = ["AllocationTracker", "stream_last_seq"]
+__all__ = ["AllocationTracker", "claim_directory", "stream_last_seq"]
 
 _logger = get_logger("vmanager")
+
+
+def claim_directory(claim_uid: str, response: ContainerResponse) -> str:
+    """The vm-root directory a claim's containers mount at /etc/vcuda: the claim's own, or, for a claim
+    prepared by an earlier version, its first pod's (what its response, and so its CDI spec, says)."""
+    for mount in response.mounts:
+        if mount.container_path == VCUDA_MOUNTPOINT:
+            return Path(mount.host_path).name
+    return claim_uid  # hami-core delivery: the cache directories live in the claim's directory
 
 
 async def stream_last_seq(bus: Bus) -> int:
@@ -86,10 +105,15 @@ class AllocationTracker:
                 await self._reconcile()
             return
         ev = stored.event
-        if isinstance(ev, AllocationGranted):
+        if isinstance(ev, ClaimPrepared):
+            await self._prepare(claim_directory(ev.claim_uid, ev.response))  # what its CDI spec mounts
+        elif isinstance(ev, AllocationGranted):
             await self._prepare(ev.pod_uid)
-        elif isinstance(ev, AllocationReleased) and not self.state.holds(ev.pod_uid):
-            await self._teardown(ev.pod_uid)
+        elif isinstance(ev, AllocationReleased):
+            if isinstance(ev, ClaimUnprepared):
+                await self._teardown(ev.claim_uid)
+            if not self.state.holds(ev.pod_uid):
+                await self._teardown(ev.pod_uid)
         elif isinstance(ev, AllocationCorrected):
             await self._follow_correction(ev)
 
@@ -127,7 +151,12 @@ class AllocationTracker:
                       rewritten=done.rewritten, removed=done.removed)
 
     async def _reconcile(self) -> None:
-        live = self.state.pods()
+        # Pods served in their own directory (device-plugin grants), and prepared claims in theirs (a
+        # claim prepared by an earlier version mounts its first pod's directory: that pod's, kept).
+        pods = {a.pod_uid for a in self.state.allocations.values() if not a.alloc_id.startswith(CLAIM_PREFIX)}
+        claim_dirs = {claim_directory(uid, a.response) for uid, a in self.state.claims().items()}
+        pods |= {a.pod_uid for a in self.state.claims().values() if a.pod_uid in claim_dirs}
+        live = pods | claim_dirs
         await self.sockets.retain(live)
         pod_dirs, others = await asyncio.to_thread(scan_vm_root, self.vm_root)
         for name in sorted(others - self._warned):
@@ -137,10 +166,12 @@ class AllocationTracker:
         if self.state.seq > 0:
             for pod_uid in sorted(pod_dirs - live):
                 await self._teardown(pod_uid)
-        for pod_uid in sorted(live):
-            await self._prepare(pod_uid)
-            await self._realign(pod_uid)
-        _logger.info("caught up with the allocation log", seq=self.state.seq, pods=len(live),
+        for key in sorted(live):
+            await self._prepare(key)
+            if key in pods:
+                await self._realign(key)
+        _logger.info("caught up with the allocation log", seq=self.state.seq, pods=len(pods),
+                  claims=len(live - pods),
                   removed=len(pod_dirs - live) if self.state.seq > 0 else 0)
         self.caught_up.set()
 

@@ -8,7 +8,7 @@ gpu-manager's checkAllocation does; a pod that agrees is never patched.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod as KubePod
@@ -29,8 +29,10 @@ class AnnotationRepair:
         self.client = client
         self.patched: list[str] = []  # pod keys, for logs and tests
 
-    async def repair(self, pod: Pod, allocations: Iterable[Allocation]) -> bool:
-        wanted = ready_annotations(allocations, assigned=started(pod.status.phase))
+    async def repair(self, pod: Pod, allocations: Iterable[Allocation], indexes: Mapping[int, int] | None = None,
+                     ) -> bool:
+        """``indexes``: ``extender_indexes`` of the node's GPUs (None: the minors themselves)."""
+        wanted = ready_annotations(allocations, assigned=started(pod.status.phase), indexes=indexes)
         fix = disagreeing(pod.metadata.annotations, wanted)
         if not fix:
             return False

@@ -46,6 +46,7 @@ from libs.commands import (
     StateRequest,
 )
 from libs.errors import BusError
+from libs.kube.annotations import extender_indexes
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.kube.source import PodSource
 from libs.ledger.state import CLAIM_PREFIX, Allocation
@@ -188,7 +189,7 @@ class Recycler:
             if self.admission is not None and admission_failed(pod) and await self.admission.delete_if_owned(pod):
                 repairs.deleted.append(pod.key)
             elif (self.annotations is not None and pod.status.phase == "Running" and held.get(pod.uid)
-                  and await self.annotations.repair(pod, held[pod.uid])):
+                  and await self.annotations.repair(pod, held[pod.uid], extender_indexes(state.snapshot.gpus))):
                 repairs.patched.append(pod.key)
 
         if kubelet is not None:

@@ -13,15 +13,18 @@ from libs.dra import DRIVER_NAME, claim_path
 class ClaimApi:
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], dict] = {}
+        self.paths: dict[str, tuple[str, str]] = {}  # URL path -> (namespace, name)
         api = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as an API server: one connection per client
+            disable_nagle_algorithm = True  # headers and body are two writes: no delayed-ACK stall
+
             def do_GET(self) -> None:
-                for (ns, name), obj in list(api.claims.items()):
-                    if self.path.split("?")[0] == claim_path(ns, name):
-                        body = json.dumps(obj).encode()
-                        self.send_response(200)
-                        break
+                obj = api.claims.get(api.paths.get(self.path.split("?")[0], ("", "")))
+                if obj is not None:
+                    body = json.dumps(obj).encode()
+                    self.send_response(200)
                 else:
                     body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                        "reason": "NotFound", "code": 404, "message": "not found"}).encode()
@@ -61,6 +64,7 @@ class ClaimApi:
         results = [{"request": "gpu", "driver": DRIVER_NAME, "pool": node, "device": dev, "shareID": f"s-{uid}-{i}",
                     "consumedCapacity": {"cores": str(cores), "memory": str(mem)}}
                    for i, (dev, cores, mem) in enumerate(devices)]
+        self.paths[claim_path(ns, name)] = (ns, name)
         self.claims[(ns, name)] = {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": ns, "uid": uid},

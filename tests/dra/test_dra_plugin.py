@@ -88,14 +88,14 @@ async def test_dra_plugin_end_to_end(nats_server: NatsServer, short_dir: Path) -
                     v1beta1.NodePrepareResourcesRequest(claims=[v1beta1.Claim(namespace="default", uid="c-share",
                                                                               name="share")]), timeout=45)
                 assert beta.claims["c-share"].devices[0].device_name == "gpu-0"
-                # The CDI spec carries the devices, the GPU, and the pod's vcuda directory.
+                # The CDI spec carries the devices, the GPU, and the claim's vcuda directory.
                 spec = json.loads((Path(settings.cdi_dir) / spec_file_name("c-share")).read_text())
                 edits = spec["devices"][0]["containerEdits"]
                 assert spec["kind"] == "gpuledger.io/claim" and spec["devices"][0]["name"] == "c-share"
                 assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in edits["env"])
                 gpu0 = {"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0", "permissions": "rwm"}
                 assert gpu0 in edits["deviceNodes"]
-                assert any(m["containerPath"] == "/etc/vcuda" and m["hostPath"].endswith(POD_A)
+                assert any(m["containerPath"] == "/etc/vcuda" and m["hostPath"].endswith("/c-share")
                            for m in edits["mounts"])
                 # Health stream: the complete list of DRA GPUs.
                 async for msg in hpb_grpc.DRAResourceHealthStub(ch).NodeWatchResources(

@@ -14,6 +14,7 @@ from libs.dra import DRIVER_NAME
 from libs.dra_objects import UNHEALTHY_TAINT, device_class
 from libs.events.schema import InventoryRecorded
 from libs.gpu.fake import FakeBackend
+from libs.kube.pods import RESOURCE_VCORE
 from services.registrar.catalog import DeviceCatalog
 from services.registrar.health import DeviceHealth
 from services.registrar.slices import SlicePublisher
@@ -41,11 +42,11 @@ async def test_slice_follows_inventory_and_health(sim) -> None:
     health = DeviceHealth(catalog)
     client = lightkube.AsyncClient(config=sim.lightkube_config())
     inv = inventory()
-    publisher = SlicePublisher(client, catalog, health, "4,5,6,7")  # GPUs 0-3 stay with the device plugin
+    publisher = SlicePublisher(client, catalog, health)
     task = asyncio.create_task(publisher.run())
     slices = sim.dra_objects.slices
     try:
-        await catalog.update(inv)
+        await catalog.update(inv, frozenset({4, 5, 6, 7}))  # GPUs 0-3 stay with the device plugin
         await eventually(lambda: slices.list(), timeout=10, interval=0.05, what="the slice is published")
         (published,) = slices.list()
         spec = published["spec"]
@@ -87,12 +88,35 @@ async def test_slice_follows_inventory_and_health(sim) -> None:
 async def test_no_dra_gpu_means_no_slice(sim) -> None:
     catalog = DeviceCatalog()
     client = lightkube.AsyncClient(config=sim.lightkube_config())
-    publisher = SlicePublisher(client, catalog, DeviceHealth(catalog), "")
+    publisher = SlicePublisher(client, catalog, DeviceHealth(catalog))
     try:
         await catalog.update(inventory())
         await publisher.publish_once()
         assert sim.dra_objects.slices.list() == []
-        with pytest.raises(ValueError, match="does not have: 9"):
-            SlicePublisher(client, catalog, DeviceHealth(catalog), "9").desired()
+    finally:
+        await client.close()
+
+
+def _advertised_gpus(catalog: DeviceCatalog) -> int:
+    return len(catalog.ids(RESOURCE_VCORE)) // 100
+
+
+async def test_the_slice_and_the_device_plugin_follow_the_ledgers_modes_disjointly(sim) -> None:
+    # The ledger's modes, not the setting: a GPU moved at run time (or kept by the device plugin because
+    # it was busy when the setting changed) is in exactly one of the slice and the advertised capacity.
+    catalog = DeviceCatalog()
+    client = lightkube.AsyncClient(config=sim.lightkube_config())
+    publisher = SlicePublisher(client, catalog, DeviceHealth(catalog))
+    slices = sim.dra_objects.slices
+    inv = inventory()
+    try:
+        for dra in ({6, 7}, {5, 6, 7}, {7}, set()):
+            await catalog.update(inv, frozenset(dra))
+            await publisher.publish_once()
+            published = {d["name"] for s in slices.list() for d in s["spec"]["devices"]}
+            device_plugin = {f"gpu-{g.index}" for g in catalog.device_plugin_gpus}
+            assert published == {f"gpu-{i}" for i in dra}
+            assert published.isdisjoint(device_plugin) and published | device_plugin == {f"gpu-{i}" for i in range(8)}
+            assert _advertised_gpus(catalog) == 8 - len(dra)
     finally:
         await client.close()

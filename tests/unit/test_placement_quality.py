@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from bench.placement_quality import Request, first_fit, make_trace, offline_bound, run_trace
+from bench.dra_placement import run_dra_trace
+from bench.placement_quality import Request, Run, first_fit, make_trace, offline_bound, run_trace
 from libs.gpu.fake import PROFILES_DIR, FakeBackend
 from libs.placement.placement import place
 
@@ -33,6 +34,7 @@ def test_no_placer_beats_the_bound() -> None:
         bound = offline_bound(INV, ops)
         for placer in (place, first_fit):
             assert run_trace(INV, ops, placer).placed <= bound
+        assert run_dra_trace(INV, ops, Run()).placed <= bound
 
 
 def test_first_fit_ignores_topology_and_fit() -> None:
@@ -41,3 +43,14 @@ def test_first_fit_ignores_topology_and_fit() -> None:
     naive = run_trace(INV, ops, first_fit)
     assert ours.placed == naive.placed == 2
     assert naive.cross_socket == [False] and ours.nvlinks_per_pair == [0.0]
+
+
+def test_dra_mode_places_claims_through_the_scheduler_side_allocator() -> None:
+    # Consumable capacity: two 60-core shares cannot share a GPU, so they take two; the 2-GPU claim
+    # takes the other two, a second one fits nowhere (the bound of the hand-made trace above).
+    ops: list[Request | str] = [Request("a", 60, 1), Request("b", 60, 1), Request("c", 200, 0),
+                                Request("d", 200, 0)]
+    run = run_dra_trace(INV, ops, Run())
+    assert run.placed == 3 and run.utilisation == (60 + 60 + 200) / 400
+    # Memory counts too: 60 blocks of 96 per GPU, so one such share per GPU.
+    assert run_dra_trace(INV, [Request(f"p{i}", 10, 60) for i in range(9)], Run()).placed == 4

@@ -4,8 +4,8 @@ writer and the watchdog's repair: if they differed, each would undo the other's 
 from __future__ import annotations
 
 from libs.events.schema import ContainerResponse, GpuShare
-from libs.kube.annotations import disagreeing, ready_annotations, started
-from libs.ledger.state import Allocation
+from libs.kube.annotations import disagreeing, extender_indexes, ready_annotations, started
+from libs.ledger.state import MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, GpuUsage
 
 IDX = "tencent.com/predicate-gpu-idx-"
 ASSIGNED = "tencent.com/gpu-assigned"
@@ -53,3 +53,18 @@ def test_disagreeing_names_missing_and_different_keys_only() -> None:
     assert disagreeing({f"{IDX}0": "1", ASSIGNED: "true", "other": "x"}, wanted) == {}
     assert disagreeing({f"{IDX}0": "9", "other": "x"}, wanted) == wanted
     assert started("Running") and not started("Pending") and not started("Succeeded")
+
+
+def gpu(index: int, minor: int, mode: str = MODE_DEVICE_PLUGIN) -> GpuUsage:
+    return GpuUsage(index=index, uuid=f"GPU-{index}", minor=minor, memory_total=1 << 34, mode=mode)
+
+
+def test_the_extender_numbers_the_device_plugin_gpus_by_minor_and_never_a_dra_gpu() -> None:
+    # Without DRA GPUs (minors 0..n-1) the extender's number is the minor, as under gpu-manager.
+    assert extender_indexes([gpu(i, i) for i in range(4)]) == {0: 0, 1: 1, 2: 2, 3: 3}
+    # With GPUs 0 and 2 in DRA mode the extender sees two GPUs (200 vcuda-core): minors 1 and 3.
+    gpus = [gpu(0, 0, MODE_DRA), gpu(1, 1), gpu(2, 2, MODE_DRA), gpu(3, 3)]
+    assert extender_indexes(gpus) == {1: 0, 3: 1}
+    held = [alloc(0, share(3, 3), seq=1), alloc(1, share(1, 1), seq=2)]
+    assert ready_annotations(held, assigned=True, indexes=extender_indexes(gpus)) == {
+        f"{IDX}0": "1", f"{IDX}1": "0", ASSIGNED: "true"}

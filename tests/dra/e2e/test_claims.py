@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from libs.cdi import device_id, spec_file_name
 from libs.config import MEMORY_BLOCK
 from libs.dra import DRIVER_NAME
-from libs.vcuda.client import register_vdevice
+from libs.vcuda.client import VcudaClientError, register_vdevice
 from libs.vcuda.config import decode
 from tests.dra.e2e.helpers import DraNode, claim_pod, container_id
 from tests.polling import eventually
@@ -40,7 +42,7 @@ async def test_share_claim_runs_with_its_limits_and_is_unprepared_after_the_pod(
     opts = node.sim.container_run_options("default", "share", "main")
     assert opts["cdi_devices"] == [device_id(claim_uid)] and opts["cdi_resolved"] is True
     assert opts["envs"]["NVIDIA_VISIBLE_DEVICES"] == grant.shares[0].uuid
-    vm_dir = node.settings.vm_root / uid
+    vm_dir = node.settings.vm_root / claim_uid  # the claim's own vcuda directory
     vcuda = [m for m in opts["mounts"] if m["container_path"] == "/etc/vcuda"]
     assert [m["host_path"] for m in vcuda] == [str(vm_dir)]
     assert f"/dev/nvidia{grant.shares[0].minor}" in {d["container_path"] for d in opts["devices"]}
@@ -60,3 +62,52 @@ async def test_share_claim_runs_with_its_limits_and_is_unprepared_after_the_pod(
     assert claim_uid not in await node.claim_grants()
     assert not (Path(node.settings.cdi_dir) / spec_file_name(claim_uid)).exists()
     assert node.sim.dra is not None and json.loads(node.sim.dra.checkpoint_path.read_text())["entries"] == []
+
+
+async def test_a_claim_shared_by_two_pods_serves_each_pod_through_the_claims_socket(dra_node: DraNode) -> None:
+    # A ResourceClaim of its own, used by two pods: the kubelet prepares it once (for the first pod), and
+    # both pods' containers mount the claim's vcuda directory through its CDI spec. Each registers as
+    # itself (the second one although it was reserved after the prepare), and a pod that does not use
+    # the claim is refused there.
+    node = dra_node
+    node.sim.dra_objects.claims.create({"metadata": {"name": "shared", "namespace": "default"}, "spec": {
+        "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME, "capacity": {
+            "requests": {"cores": "30", "memory": "1Gi"}}}}]}}})
+    first = await node.run_pod(claim_pod("first", claim="shared"))
+    second = await node.run_pod(claim_pod("second", claim="shared"))
+    other = await node.run_pod(claim_pod("other", "gpu-share"))
+    assert [p["status"]["phase"] for p in (first, second, other)] == ["Running"] * 3
+    claim_uid = node.claim_of("first")["metadata"]["uid"]
+    assert len(node.calls("NodePrepareResources")) == 2  # "shared" once, "other"'s own claim once
+    claim_dir = node.settings.vm_root / claim_uid
+    for pod in (first, second):
+        opts = node.sim.container_run_options("default", pod["metadata"]["name"], "main")
+        assert [m["host_path"] for m in opts["mounts"] if m["container_path"] == "/etc/vcuda"] == [str(claim_dir)]
+
+    for pod in (first, second):
+        uid, cid = pod["metadata"]["uid"], container_id(pod)
+        node.enter_container(uid, cid)
+        await register_vdevice(str(claim_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=5)
+        cfg = decode((claim_dir / cid / "vcuda.config").read_bytes())
+        assert (cfg.utilization, cfg.gpu_memory) == (30, 4 * MEMORY_BLOCK)
+
+    # A pod that does not use the claim cannot register through its socket, not even naming itself.
+    uid, cid = other["metadata"]["uid"], container_id(other)
+    node.enter_container(uid, cid)
+    with pytest.raises(VcudaClientError, match=f"PERMISSION_DENIED.*pod {uid} does not use claim default/shared"):
+        await register_vdevice(str(claim_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=5)
+    # Nor may a pod that uses it register a container of another pod.
+    node.enter_container(second["metadata"]["uid"], container_id(second))
+    with pytest.raises(VcudaClientError, match="INVALID_ARGUMENT"):
+        await register_vdevice(str(claim_dir / "vcuda.sock"), pod_uid=first["metadata"]["uid"],
+                               container_id=container_id(first), timeout=5)
+
+    # The claim's directory lives as long as the claim is prepared: the first pod going leaves it served.
+    await node.sim.delete_pod("default", "first")
+    await node.sim.delete_pod("default", "other")
+    await eventually(lambda: len(node.calls("NodeUnprepareResources")) == 1, timeout=10, interval=0.05,
+                     what="the other pod's claim unprepared")
+    assert claim_uid in await node.claim_grants() and (claim_dir / "vcuda.sock").exists()
+    await node.sim.delete_pod("default", "second")
+    await eventually(lambda: not claim_dir.exists(), timeout=10, interval=0.05,
+                     what="the claim's directory removed once it is unprepared")

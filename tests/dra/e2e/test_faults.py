@@ -42,7 +42,7 @@ async def _held_after_prepare(node: DraNode, pod_name: str, template: str = "gpu
 
 async def _vcuda_config(node: DraNode, pod: dict[str, Any]) -> tuple[int, int]:
     uid = pod["metadata"]["uid"]
-    vm_dir = node.settings.vm_root / uid
+    vm_dir = node.settings.vm_root / node.claim_of(pod["metadata"]["name"])["metadata"]["uid"]
     node.enter_container(uid, container_id(pod))
     await register_vdevice(str(vm_dir / "vcuda.sock"), pod_uid=uid, container_name="main", timeout=5)
     cfg = decode((vm_dir / "main" / "vcuda.config").read_bytes())

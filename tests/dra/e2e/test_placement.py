@@ -81,3 +81,29 @@ async def test_claims_and_device_plugin_pods_on_one_node_never_overcommit(dra_no
     assert all(c <= 100 for c in cores.values()), cores
     assert dict(modes) == {0: {"dra"}, 1: {"dra"}, 2: {"device-plugin"}, 3: {"device-plugin"}}
     assert len(set(node.prepared_uids())) == 2
+
+
+def _predicated(name: str, cores: int, idx: str) -> dict:
+    """A share pod as the scheduler extender (gpu-admission) leaves it: its GPU number for container 0."""
+    return gpu_pod(name, ("main", cores, 2), annotations={
+        "tencent.com/predicate-time": "1700000000000000000", "tencent.com/gpu-assigned": "false",
+        "tencent.com/predicate-gpu-idx-0": idx})
+
+
+async def test_the_scheduler_extender_numbers_only_device_plugin_gpus(dra_node: DraNode) -> None:
+    # gpu-admission sees 200 vcuda-core (GPUs 2 and 3; 0 and 1 are DRA's) and numbers them 0 and 1:
+    # its GPU 0 is GPU 2, its GPU 1 is GPU 3, and a DRA GPU is never the one it offers.
+    node = dra_node
+    for name, idx, index in (("x0", "0", 2), ("x1", "1", 3)):
+        pod = await node.run_pod(_predicated(name, 30, idx))
+        assert pod["status"]["phase"] == "Running", pod["status"]
+        (alloc,) = [a for a in (await node.snapshot()).allocations if a.pod_name == name]
+        assert [s.index for s in alloc.shares] == [index]
+        annotated = await node.sim.wait_for_pod("default", name, lambda p: p["metadata"]["annotations"].get(
+            "tencent.com/gpu-assigned") == "true", 15)
+        assert annotated["metadata"]["annotations"]["tencent.com/predicate-gpu-idx-0"] == idx  # its numbering
+
+    # A number beyond the device-plugin GPUs names no GPU of the extender's: refused, saying why.
+    pod = await node.run_pod(_predicated("x2", 30, "2"))
+    assert pod["status"]["phase"] == "Failed", pod["status"]
+    assert "the extender numbers its 2 device-plugin GPU(s) 0..1" in pod["status"]["message"]
