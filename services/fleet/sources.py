@@ -40,6 +40,7 @@ _logger = get_logger("fleet-sources")
 
 RESTARTING_FILE = "fleet-sources-restarting.json"
 UNSERVED_GRACE_S = 1.0   # a new leader or a fresh source takes a moment to create its consumer
+INFO_TIMEOUT_S = 2.0     # no answer while the stream's leader is being elected: ask again next sweep
 PROBE_TIMEOUT_S = 1.0    # the node's own JetStream, over its leaf link
 RETRY_FIRST_S = 5.0
 RETRY_MAX_S = 60.0
@@ -80,7 +81,7 @@ class SourceWatch:
 
     async def sweep(self) -> None:
         try:
-            info = await self.bus.js.stream_info(FLEET_STREAM)
+            info = await asyncio.wait_for(self.bus.js.stream_info(FLEET_STREAM), INFO_TIMEOUT_S)
         except _NATS_ERRORS as exc:  # no stream yet, or its leader is being elected
             _logger.warning("fleet stream info unavailable", error=str(exc) or type(exc).__name__)
             return
@@ -112,18 +113,18 @@ class SourceWatch:
             return False
 
     async def _restart(self, names: list[str]) -> None:
-        now = time.monotonic()
-        for name in names:
-            self._backoff[name] = min(self._backoff.get(name, RETRY_FIRST_S / 2) * 2, RETRY_MAX_S)
-            self._next_try[name] = now + self._backoff[name]
         self._write_intent([_node_of(n) for n in names])
         try:
             await restart_sources(self.bus.js, set(names))
-        except _NATS_ERRORS as exc:
+        except _NATS_ERRORS as exc:  # e.g. no JetStream meta leader (being elected): try again next sweep
             _logger.warning("fleet sources not restarted", sources=names, error=str(exc) or type(exc).__name__)
             await self._put_back([_node_of(n) for n in names])  # never leave them out of the stream
             return
         self._clear_intent()
+        now = time.monotonic()
+        for name in names:  # restarted, and still unserved later: NATS could not create the consumer either
+            self._backoff[name] = min(self._backoff.get(name, RETRY_FIRST_S / 2) * 2, RETRY_MAX_S)
+            self._next_try[name] = now + self._backoff[name]
         self.restarts += len(names)
         _logger.info("fleet sources restarted (NATS left them without a consumer)", sources=names)
 

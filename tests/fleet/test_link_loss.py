@@ -29,7 +29,7 @@ from tests.fleet.helpers import (
 from tests.polling import eventually
 
 CUT_S = 5.0  # CI-sized; the bench and docs/fleet.md cover minutes-long cuts
-STALL_BOUND_S = 20.0  # a central server's SIGKILL: measured 2-7 s on a loaded 2-core machine
+STALL_BOUND_S = 30.0  # a central server's SIGKILL: measured 1-10 s on a loaded 2-core machine (load 3-4)
 
 
 async def _grant_times(ledger: LedgerNode, count: int) -> list[float]:
@@ -116,8 +116,9 @@ async def test_a_central_server_killed_loses_nothing_and_stalls_briefly(
         stalled = time.monotonic() - killed
         print(f"central kill ({victim}, {hub.specs[index].name} holding {held[hub.specs[index].name]} leaf links): "
               f"fleet stream complete {stalled:.1f}s after the kill, load {os.getloadavg()[0]:.1f}")
-        # A killed leader: its followers elect a new one after NATS's raft election timeout (4-9 s,
-        # not configurable); a moved leaf link: a second or two. The bound leaves room for a loaded CI.
+        # A killed stream leader: its followers elect a new one after NATS's raft election timeout
+        # (4-9 s, not configurable); a moved leaf link: a second or two, plus a meta leader election
+        # when the source must be restarted and the killed server led the JetStream meta group.
         assert stalled < STALL_BOUND_S
         await hub.restart(index)
         seqs = per_node_seqs(await read_fleet(bus))
@@ -126,7 +127,7 @@ async def test_a_central_server_killed_loses_nothing_and_stalls_briefly(
 
 
 async def _at_least(bus: object, want: int) -> bool:
-    try:
-        return await fleet_count(bus) >= want  # type: ignore[arg-type]
+    try:  # a short timeout: no answer while the stream's leader is being elected, and the stall is timed
+        return await asyncio.wait_for(fleet_count(bus), 1.0) >= want  # type: ignore[arg-type]
     except Exception:
         return False
