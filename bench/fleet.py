@@ -7,6 +7,10 @@ node's real event log and outbox relay (the synthetic nodes share it, as the iss
 1. fill: each node appends ``--events`` grants to its own log; its relay publishes them to its leaf.
 2. backlog: the fleet stream is created with every node as a source in one create; time until it
    holds every event (events/s). This is the floor's scenario b1 with gpuledger's relay in front.
+2'. floor, in the same run: plain NATS as ``nats-fleet-floor.md`` measured it (b1): on every leaf a
+   raw stream filled with as many 600-byte records by pipelined publishes, and a hub stream sourcing
+   all of them in one create; time until it holds every record. ``fleet_vs_floor`` = the floor's
+   events/s / the fleet backlog's (goal: at most 1.5).
 3. join: one stream update adding one source to a stream that already sources 100/500/1000 nodes.
 4. recorder: the fleet stream into SQLite, then into PostgreSQL (when installed): events/s.
 5. ``fleet at T`` over everything recorded (SQLite and PostgreSQL).
@@ -33,7 +37,7 @@ from typing import Any
 from nats.js import api
 
 from libs.bus import NatsServer
-from libs.fleet.naming import FLEET_STREAM
+from libs.fleet.naming import FLEET_STREAM, node_domain
 from libs.fleet.queries import fleet_at
 from libs.fleet.stream import ensure_fleet_stream, node_source
 from services.fleet.app import open_engine
@@ -92,6 +96,45 @@ async def fill(node: LedgerNode, events: int, batch: int = 50, live: int = 20) -
         left -= len(chunk)
     assert node.relay
     await node.relay.wait_published(node.event_log.last_seq, timeout=1800)
+
+
+FLOOR_STREAM = "FLOOR"
+FLOOR_RECORD = b"x" * 600  # the floor's record size (gpuledger's JSON record shape, ~600 bytes)
+
+
+async def floor_fill(node: LedgerNode, records: int, in_flight: int = 256) -> None:
+    """Plain NATS on the node's leaf: a raw stream, ``records`` pipelined acked publishes."""
+    assert node.bus
+    js = node.bus.js
+    await js.add_stream(api.StreamConfig(name=f"{FLOOR_STREAM}_{node.node.replace('-', '_')}", subjects=["floor.>"],
+                                         storage=api.StorageType.FILE))
+    window = asyncio.Semaphore(in_flight)
+
+    async def one(seq: int) -> None:
+        async with window:
+            await js.publish("floor.rec", FLOOR_RECORD, headers={"Nats-Msg-Id": f"{node.node}:{seq}"})
+
+    await asyncio.gather(*(one(i) for i in range(records)))
+
+
+async def floor_backlog(bus: Any, nodes: list[LedgerNode], total: int) -> dict[str, float]:
+    """The hub stream sourcing every leaf's raw stream in one create: seconds until it holds all."""
+    sources = [api.StreamSource(name=f"{FLOOR_STREAM}_{n.node.replace('-', '_')}",
+                                external=api.ExternalStream(api=f"$JS.{node_domain(n.node)}.API", deliver=""))
+               for n in nodes]
+    start = time.perf_counter()
+    await bus.js.add_stream(api.StreamConfig(name=FLOOR_STREAM, storage=api.StorageType.FILE, num_replicas=3,
+                                             sources=sources))
+    while (count := (await bus.js.stream_info(FLOOR_STREAM)).state.messages) < total:
+        await asyncio.sleep(0.5)
+        if time.perf_counter() - start > 1800:
+            raise TimeoutError(f"floor stream stuck at {count}/{total}")
+    seconds = time.perf_counter() - start
+    await bus.js.delete_stream(FLOOR_STREAM)
+    for n in nodes:
+        assert n.bus
+        await n.bus.js.delete_stream(f"{FLOOR_STREAM}_{n.node.replace('-', '_')}")
+    return {"floor_backlog_s": seconds, "floor_backlog_events_per_s": total / seconds}
 
 
 async def grant_latencies(node: LedgerNode, samples: int) -> list[float]:
@@ -186,6 +229,13 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
         out["backlog_events_per_s"] = total / out["backlog_s"]
         out["hub_rss_peak_mib"] = peak
         out["hub_rss_after_mib"] = [rss_mib(s.pid) for s in hub.servers]
+
+        start = time.perf_counter()
+        for k in range(0, nodes_n, 10):
+            await asyncio.gather(*(floor_fill(n, events) for n in nodes[k:k + 10]))
+        out["floor_fill_events_per_s"] = nodes_n * events / (time.perf_counter() - start)
+        out.update(await floor_backlog(bus, nodes, nodes_n * events))
+        out["fleet_vs_floor"] = out["floor_backlog_events_per_s"] / out["backlog_events_per_s"]  # goal: <= 1.5
 
         out["join_ms"] = await join_cost(bus, [100, 500, 1000])
 

@@ -126,6 +126,10 @@ class Bus:
     def js(self) -> JetStreamContext:
         return self._nc.jetstream()
 
+    def js_domain(self, domain: str, *, timeout: float) -> JetStreamContext:
+        """JetStream of another domain through this connection (a fleet node's, over its leaf link)."""
+        return self._nc.jetstream(domain=domain, timeout=timeout)
+
     @property
     def reconnects(self) -> int:
         """How many times the connection was re-established (a follower resubscribes after one)."""

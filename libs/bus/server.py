@@ -26,6 +26,8 @@ from libs.logger import get_logger
 __all__ = ["NatsServer", "find_nats_server"]
 
 _LISTEN = re.compile(r"Listening for client connections on (\S+):(\d+)")
+# Logged as [ERR] while a cluster's servers start together (a peer not listening yet): retried by the server.
+_TRANSIENT = ("Error trying to connect to route",)
 _logger = get_logger("nats-server")
 
 
@@ -85,7 +87,7 @@ class NatsServer:
             line = (await self._proc.stderr.readline()).decode(errors="replace")
             if not line:
                 raise BusError(f"nats-server exited with code {await self._proc.wait()}")
-            if "[FTL]" in line or "[ERR]" in line:
+            if "[FTL]" in line or ("[ERR]" in line and not any(t in line for t in _TRANSIENT)):
                 raise BusError(f"nats-server: {line.strip()}")
             m = _LISTEN.search(line)
             if m:

@@ -67,7 +67,7 @@ def node_permissions(node: str) -> dict[str, object]:
             "allow": [f"gpuledger.{token}.>", "$JS.S.>", "$JSC.R.>", "_INBOX.>", "$JS.FC.>", f"$JS.{domain}.>"],
         },
         "subscribe": {
-            "allow": [f"$JS.{domain}.API.>", "$JS.FC.>", "_INBOX.>", "$JSC.R.>", "$JS.S.>", "$JS.ACK.>",
+            "allow": [f"$JS.{domain}.API.>", "$JS.FC.>", "_INBOX.>", "$JS.ACK.>",
                       f"gpuledger.{token}.checkpoint"],
             "deny": ["$JS.API.>", f"$JS.{FLEET_DOMAIN}.API.>"],
         },

@@ -10,11 +10,16 @@ reaches the fleet stream is what the node's relay committed to its own stream, s
 Sources are added in bulk (one stream update for every node that joined since the last one): an
 update costs time in proportion to the sources already configured, so adding them one by one would
 make growing a fleet quadratic.
+
+A source whose consumer could not be created (its create request went over a leaf link that died
+with a central server, say) is retried by NATS only after a back-off of tens of seconds, and an
+update that leaves the sources as they are changes nothing: ``restart_sources`` takes such sources
+out and puts them back, which makes the stream's leader create their consumers at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
@@ -22,7 +27,8 @@ from nats.js.errors import NotFoundError
 from libs.events.subjects import Subjects
 from libs.fleet.naming import FLEET_STREAM, node_domain
 
-__all__ = ["add_nodes", "ensure_fleet_stream", "fleet_stream_config", "node_source", "remove_nodes", "sourced_nodes"]
+__all__ = ["add_nodes", "ensure_fleet_stream", "fleet_stream_config", "node_source", "remove_nodes",
+           "restart_sources", "sourced_nodes", "unserved_sources"]
 
 
 def node_source(node: str) -> api.StreamSource:
@@ -79,4 +85,28 @@ async def remove_nodes(js: JetStreamContext, nodes: Iterable[str]) -> api.Stream
     gone = {Subjects(n).stream for n in nodes}
     config = info.config
     config.sources = [s for s in config.sources or [] if s.name not in gone]
+    return await js.update_stream(config)
+
+
+def unserved_sources(info: api.StreamInfo) -> list[str]:
+    """The sources (stream names) for which the stream's leader holds no consumer: NATS reports their
+    ``active`` as -1 (a served source's is the time since it last heard from the node, heartbeats
+    included, about a second at most)."""
+    return [s.name for s in info.sources or [] if s.active is not None and s.active < 0]
+
+
+async def restart_sources(js: JetStreamContext, names: Collection[str]) -> api.StreamInfo:
+    """Have the fleet stream's leader create these sources' consumers now: one update without them,
+    one with them back in their places. On the second the leader finds, in the fleet stream itself,
+    the last event it holds of each (its ``Nats-Stream-Source`` header) and resumes right after it,
+    so nothing is sourced twice. Only for sources with no consumer (``unserved_sources``): none has
+    an event on its way into the stream."""
+    info = await js.stream_info(FLEET_STREAM)
+    config = info.config
+    sources = list(config.sources or [])
+    config.sources = [s for s in sources if s.name not in names]
+    if len(config.sources) == len(sources):
+        return info
+    await js.update_stream(config)
+    config.sources = sources
     return await js.update_stream(config)

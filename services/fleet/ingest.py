@@ -3,8 +3,7 @@
 One pull consumer (``fleet-recorder``, ack-all) reads the fleet stream in order; each fetched batch is
 folded and stored in one database transaction, then acknowledged. A recorder killed between the two
 gets the batch again and the projection skips what it already holds (by node and seq), so each event
-is stored once. The fleet stream's per-source state (how far behind each node the stream is, when a
-source last delivered) is read every few seconds for the metrics.
+is stored once.
 """
 
 from __future__ import annotations
@@ -17,22 +16,14 @@ import nats.errors
 from nats.js import api
 
 from libs.bus import Bus
-from libs.events.subjects import unescape_token
 from libs.fleet.naming import FLEET_STREAM
 from libs.logger import get_logger
 from services.fleet.projection import Batch, FleetMessage, FleetProjection
 
-__all__ = ["DURABLE", "FleetIngest", "SourceState"]
+__all__ = ["DURABLE", "FleetIngest"]
 
 DURABLE = "fleet-recorder"
 _logger = get_logger("fleet-ingest")
-
-
-@dataclass
-class SourceState:
-    lag: int = 0           # events the node's stream holds that the fleet stream does not yet
-    active_s: float = 0.0  # seconds since the source last delivered (or heard from) the node
-    error: str = ""
 
 
 @dataclass
@@ -45,7 +36,6 @@ class FleetIngest:
     gaps: int = 0
     rejected: int = 0
     pending: int = 0  # fleet stream messages not yet consumed
-    sources: dict[str, SourceState] = field(default_factory=dict)
     stored_at: float = 0.0
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -92,16 +82,3 @@ class FleetIngest:
         self._progress.clear()
         await asyncio.wait_for(self._progress.wait(), timeout)
 
-    async def watch_sources(self, interval: float = 5.0) -> None:
-        while True:
-            try:
-                info = await self.bus.js.stream_info(FLEET_STREAM)
-                fresh = {}
-                for s in info.sources or []:
-                    node = unescape_token(s.name.removeprefix("GPULEDGER_"))
-                    fresh[node] = SourceState(lag=s.lag or 0, active_s=(s.active or 0) / 1e9,
-                                              error=str((s.error or {}).get("description", "")))
-                self.sources = fresh
-            except (TimeoutError, nats.errors.Error, OSError) as exc:
-                _logger.warning("fleet stream info unavailable", error=str(exc) or type(exc).__name__)
-            await asyncio.sleep(interval)

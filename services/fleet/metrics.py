@@ -13,14 +13,15 @@ from prometheus_client.registry import Collector
 from libs.config import Settings
 from libs.metrics import serving
 from services.fleet.ingest import FleetIngest
+from services.fleet.sources import SourceWatch
 from services.fleet.witness import WitnessDesk
 
 __all__ = ["FleetCollector", "observe"]
 
 
 class FleetCollector(Collector):
-    def __init__(self, ingest: FleetIngest, desk: WitnessDesk, silent_after: float) -> None:
-        self.ingest, self.desk, self.silent_after = ingest, desk, silent_after
+    def __init__(self, ingest: FleetIngest, watch: SourceWatch, desk: WitnessDesk, silent_after: float) -> None:
+        self.ingest, self.watch, self.desk, self.silent_after = ingest, watch, desk, silent_after
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         ing = self.ingest
@@ -29,6 +30,8 @@ class FleetCollector(Collector):
             ("gpuledger_fleet_events_duplicate", "Events delivered again and skipped", ing.duplicates),
             ("gpuledger_fleet_events_rejected", "Events refused (forged, unreadable, out of place)", ing.rejected),
             ("gpuledger_fleet_seq_gaps", "Times a node's next event did not continue its seq", ing.gaps),
+            ("gpuledger_fleet_source_restarts", "Sources restarted because NATS left them without a consumer",
+             self.watch.restarts),
         ):
             fam = CounterMetricFamily(name, doc)
             fam.add_metric([], value)
@@ -44,8 +47,9 @@ class FleetCollector(Collector):
         recorded = GaugeMetricFamily("gpuledger_fleet_node_last_seq", "The node's last recorded seq", labels=["node"])
         silent = 0
         folds = dict(ing.projection.folds)
-        for node in sorted(set(folds) | set(ing.sources)):
-            src = ing.sources.get(node)
+        sources = dict(self.watch.sources)
+        for node in sorted(set(folds) | set(sources)):
+            src = sources.get(node)
             lag.add_metric([node], src.lag if src else 0)
             nf = folds.get(node)
             seconds = (now - nf.last_event_at) / 1e9 if nf and nf.last_event_at else float("inf")
@@ -72,9 +76,10 @@ class FleetCollector(Collector):
 
 
 @asynccontextmanager
-async def observe(settings: Settings, ingest: FleetIngest, desk: WitnessDesk) -> AsyncIterator[CollectorRegistry]:
+async def observe(settings: Settings, ingest: FleetIngest, watch: SourceWatch,
+                  desk: WitnessDesk) -> AsyncIterator[CollectorRegistry]:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    registry.register(FleetCollector(ingest, desk, settings.fleet_silent_after))
+    registry.register(FleetCollector(ingest, watch, desk, settings.fleet_silent_after))
     async with serving(settings, "fleet", registry):
         yield registry

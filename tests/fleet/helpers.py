@@ -101,6 +101,24 @@ class HubCluster:
     async def recorder_bus(self, wait: float = 10.0) -> Bus:
         return await Bus.connect(self.client_urls(), name="fleet-test", node="fleet", wait=wait)
 
+    def leaf_links(self) -> dict[str, str]:
+        """Which central server (name) holds each leaf node's link (the leaf's server name), from the
+        servers' /leafz monitoring endpoints."""
+        import json
+        import urllib.request
+
+        held = {}
+        for spec, server in zip(self.specs, self.servers, strict=True):
+            if server.returncode is not None:
+                continue
+            with urllib.request.urlopen(f"http://127.0.0.1:{spec.monitor_port}/leafz", timeout=5) as reply:
+                for leaf in json.load(reply).get("leafs") or []:
+                    held[leaf["name"]] = spec.name
+        return held
+
+    def index_of(self, name: str) -> int:
+        return [s.name for s in self.specs].index(name)
+
     async def kill(self, index: int) -> None:
         await self.servers[index].kill()
 

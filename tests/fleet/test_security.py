@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -171,3 +172,42 @@ async def test_a_node_asks_the_witness_over_its_leaf_and_reads_no_other_nodes_ev
         await recorder.flush()
         await asyncio.sleep(0.5)
         assert seen == []
+
+
+async def test_a_nodes_broker_receives_no_other_nodes_sourced_events_or_replies(
+        hub: HubCluster, short_dir: Path) -> None:
+    """Another node's sourced events never reach a node's broker: the deliveries (``$JS.S.>``) and
+    consumer-create replies (``$JSC.R.>``) a node's user publishes for its own sourcing are not in its
+    subscribe permissions, so a listener on the node's own broker to every subject sees none of them."""
+    alpha = await start_fleet_node(hub, short_dir / "a", "alpha")
+    beta = await start_fleet_node(hub, short_dir / "b", "beta")
+    async with AsyncExitStack() as stack:
+        for n in (alpha, beta):
+            stack.push_async_callback(n.broker.stop)
+            stack.push_async_callback(n.ledger.stop)
+        local = await Bus.connect(alpha.broker.url, name="listener", node="alpha", wait=10)
+        stack.push_async_callback(local.close)
+        seen: list[str] = []
+
+        def listener(subject: str) -> Callable[[object], Awaitable[None]]:
+            async def on_any(msg: object) -> None:
+                seen.append(f"{subject}: {msgspec.json.encode(msg).decode()}")
+            return on_any
+
+        for subject in ("$JS.S.>", "_INBOX.>", "$JSC.R.>", "$JS.FC.>", "$JS.ACK.>", "$JS.node-beta.API.>", ">"):
+            await local.subscribe(subject, object, listener(subject))
+        await local.flush()
+        recorder = await hub.recorder_bus()
+        stack.push_async_callback(recorder.close)
+        await ensure_fleet_stream(recorder.js, ["alpha", "beta"])
+        for _ in range(10):
+            await beta.ledger.grant()
+        want = beta.ledger.event_log.last_seq + alpha.ledger.event_log.last_seq  # type: ignore[union-attr]
+
+        async def all_in() -> bool:
+            return (await recorder.js.stream_info(FLEET_STREAM)).state.messages >= want
+
+        await eventually(all_in, timeout=30, interval=0.2, what="both nodes' events in the fleet stream")
+        await asyncio.sleep(0.5)
+        # (the central cluster's API replies on _INBOX.> still reach it: per-user inbox prefixes are to do)
+        assert not [m for m in seen if "GPU-beta" in m], [m[:200] for m in seen if "GPU-beta" in m][:3]
