@@ -48,6 +48,7 @@ from libs.config import MEMORY_BLOCK, Settings
 from libs.events.schema import AllocationRefused
 from libs.kube.pods import RESOURCE_VCORE
 from libs.ledger.state import LedgerSnapshot, LedgerState
+from libs.lifeline import process_alive
 from libs.logger import configure_logging
 from libs.store.replay import iter_events, open_reader
 from simulator import NodeSimulator, SimConfig
@@ -301,7 +302,7 @@ class Chaos:
                 self.report.kills[name] += 1
                 os.kill(pid, signal.SIGKILL)
             t0 = time.monotonic()
-            took = await self.recovered(name, pid if freeze else None, t0)
+            took = await self.recovered(name, pid if freeze else None, t0, killed=None if freeze else pid)
             if took is None:
                 self.report.violation(f"{name} not back within 60 s after {'SIGCONT' if freeze else 'SIGKILL'}")
             else:
@@ -313,11 +314,15 @@ class Chaos:
                 self.whole_since = time.monotonic()
                 self.whole.set()
 
-    async def recovered(self, name: str, same_pid: int | None, t0: float) -> float | None:
+    async def recovered(self, name: str, same_pid: int | None, t0: float, *, killed: int | None = None) -> float | None:
+        """Seconds until the process runs (``same_pid`` after a freeze; not ``killed`` after a kill: until
+        the launcher has reaped it, the killed process's subscriptions may still take the probe's
+        request, which then times out) and answers its probe."""
         assert self.settings is not None
         while time.monotonic() - t0 < 60:
             pid = self._pid(name)
-            if pid is not None and (same_pid is None or pid == same_pid) and pid_alive(pid):
+            if (pid is not None and pid != killed and (same_pid is None or pid == same_pid)
+                    and process_alive(pid)):
                 probes = [PROBE_NAMES.get(name, name)] + (["allocator"] if name == BROKER else [])
                 results = await asyncio.gather(*(health_check(p, self.settings, 1.0) for p in probes))
                 if all(r is None for r in results):
@@ -440,14 +445,6 @@ class Chaos:
             await self.stop()
         self.report.seconds = time.monotonic() - started
         return self.report
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _gpuledger(*args: str) -> str:
