@@ -38,6 +38,7 @@ class PodCache:
         self.resyncs = 0      # resyncs that replaced the cache (for tests and logs)
         self._stale = True    # notifications may have been lost since the last resync that worked
         self._due = asyncio.Event()  # a resync is due now (see kick())
+        self._failures = 0  # resyncs failed in a row
 
     async def start(self, timeout: float) -> None:
         await self.bus.subscribe(self.bus.subjects.pod_fact("*"), PodChanged, self._on_change)
@@ -55,11 +56,14 @@ class PodCache:
         try:
             reply = await self.bus.request(self.bus.subjects.pods, PodsRequest(), PodsReply, timeout=timeout)
         except BusError as exc:
-            _logger.info("pod cache not synced from the watchdog yet", error=str(exc))
+            if self._failures % 30 == 0:  # retried every RETRY_S: one line when it starts, then now and then
+                _logger.info("pod cache not synced from the watchdog yet", error=str(exc), tries=self._failures + 1)
+            self._failures += 1
             self._stale = True
             return
         self.pods = {p.uid: p for p in reply.pods}
         self._stale = False
+        self._failures = 0
         self.resyncs += 1
         await self._bump()
 
