@@ -15,7 +15,7 @@ event from the SQLite file:
 - no GPU overcommitted (cores <= 100, memory <= total; a whole GPU is 100 cores);
 - no allocation outlives its pod by more than ``--bound`` seconds after the node was whole again;
 - no pod refused for room while the kubelet's own view (the pods it still runs) had room for it
-  (``--no-room-check`` reports these without failing: that rule is issue 13's item 3);
+  (judged at the refusal; ``--no-room-check`` reports these without failing);
 and at the end: the fold equals ``gpuledger replay --json``, ``gpuledger audit verify`` passes, every
 killed process is back. A failing run prints its seed: ``--seed N`` repeats the schedule.
 
@@ -45,8 +45,10 @@ from typing import Any
 from gpuledger.health_cmd import check as health_check
 from gpuledger.launcher import BROKER, SERVICES, Launcher
 from libs.config import MEMORY_BLOCK, Settings
+from libs.events.schema import AllocationRefused
 from libs.kube.pods import RESOURCE_VCORE
 from libs.ledger.state import LedgerSnapshot, LedgerState
+from libs.lifeline import process_alive
 from libs.logger import configure_logging
 from libs.store.replay import iter_events, open_reader
 from simulator import NodeSimulator, SimConfig
@@ -131,6 +133,7 @@ class Chaos:
         self.log = log
         self.report = Report(seed=seed)
         self.deleted_at: dict[str, float] = {}  # pod uid -> when its deletion was asked
+        self.deleted_wall: dict[str, int] = {}  # the same, unix nanoseconds (the log's clock)
         self.whole_since = time.monotonic()      # the node was last whole (no process down) since then
         self.disrupted = 0                        # processes down or frozen now
         self.whole = asyncio.Event()              # set while none is
@@ -196,6 +199,7 @@ class Chaos:
                 await asyncio.sleep(rng.uniform(0, 0.5))
             else:
                 self._refused(pod, manifest)
+            self.deleted_wall[uid] = time.time_ns()  # just before: the kubelet lets go from here on
             await self.sim.delete_pod("default", f"p{n}")
             self.deleted_at[uid] = time.monotonic()
             self.report.lifecycles += 1
@@ -223,10 +227,16 @@ class Chaos:
         self.report.failed[cause] += 1
 
     def _kubelet_had_room(self, uid: str, manifest: dict[str, Any]) -> bool:
-        """Would the pod fit if only the pods the kubelet still runs held GPUs?"""
+        """Would the pod have fit, when it was refused, if only the pods the kubelet ran then held GPUs?
+
+        Judged at the refusal (its ``alloc.refused`` event), not when the worker sees the pod failed:
+        meanwhile other workers delete their pods, and their room, free now, was not free then. The
+        kubelet ran then what it runs now and what was deleted after the refusal."""
         assert self.sim is not None
-        snap = self.fold()
-        active = self.sim.kubelet.active_pod_uids() - {uid}
+        snap, refused_at = self.fold_until_refusal(uid)
+        active = self.sim.kubelet.active_pod_uids() | {
+            u for u, at in self.deleted_wall.items() if refused_at is not None and at > refused_at}
+        active -= {uid}
         cores: dict[int, int] = {g.index: 0 for g in snap.gpus}
         memory: dict[int, int] = {g.index: 0 for g in snap.gpus}
         total = {g.index: g.memory_total for g in snap.gpus}
@@ -292,7 +302,7 @@ class Chaos:
                 self.report.kills[name] += 1
                 os.kill(pid, signal.SIGKILL)
             t0 = time.monotonic()
-            took = await self.recovered(name, pid if freeze else None, t0)
+            took = await self.recovered(name, pid if freeze else None, t0, killed=None if freeze else pid)
             if took is None:
                 self.report.violation(f"{name} not back within 60 s after {'SIGCONT' if freeze else 'SIGKILL'}")
             else:
@@ -304,11 +314,15 @@ class Chaos:
                 self.whole_since = time.monotonic()
                 self.whole.set()
 
-    async def recovered(self, name: str, same_pid: int | None, t0: float) -> float | None:
+    async def recovered(self, name: str, same_pid: int | None, t0: float, *, killed: int | None = None) -> float | None:
+        """Seconds until the process runs (``same_pid`` after a freeze; not ``killed`` after a kill: until
+        the launcher has reaped it, the killed process's subscriptions may still take the probe's
+        request, which then times out) and answers its probe."""
         assert self.settings is not None
         while time.monotonic() - t0 < 60:
             pid = self._pid(name)
-            if pid is not None and (same_pid is None or pid == same_pid) and pid_alive(pid):
+            if (pid is not None and pid != killed and (same_pid is None or pid == same_pid)
+                    and process_alive(pid)):
                 probes = [PROBE_NAMES.get(name, name)] + (["allocator"] if name == BROKER else [])
                 results = await asyncio.gather(*(health_check(p, self.settings, 1.0) for p in probes))
                 if all(r is None for r in results):
@@ -327,6 +341,21 @@ class Chaos:
         finally:
             conn.close()
         return state.snapshot()
+
+    def fold_until_refusal(self, uid: str) -> tuple[LedgerSnapshot, int | None]:
+        """The ledger just before the pod's last refusal, and that refusal's time (None: no refusal
+        logged, the ledger now)."""
+        assert self.settings is not None
+        state, before, refused_at = LedgerState(), None, None
+        conn = open_reader(self.settings.log_path)
+        try:
+            for stored in iter_events(conn):
+                if isinstance(stored.event, AllocationRefused) and stored.event.pod_uid == uid:
+                    before, refused_at = state.snapshot(), stored.recorded_at
+                state.apply(stored)
+        finally:
+            conn.close()
+        return (before if before is not None else state.snapshot()), refused_at
 
     def check(self) -> None:
         assert self.sim is not None
@@ -418,14 +447,6 @@ class Chaos:
         return self.report
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _gpuledger(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "gpuledger", *args], capture_output=True, text=True,
                           timeout=120, check=True).stdout
@@ -455,7 +476,7 @@ def main() -> None:
     ap.add_argument("--bound", type=float, default=5.0, help="recovery bound for a dead pod's allocation (s)")
     ap.add_argument("--keep", action="store_true", help="keep the run's state dir and service logs")
     ap.add_argument("--no-room-check", dest="room_check", action="store_false",
-                    help="report, without failing, pods refused while the kubelet had room (issue 13 item 3)")
+                    help="report, without failing, pods refused while the kubelet had room")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     print(f"chaos: seed {seed}, {args.lifecycles} lifecycles", flush=True)

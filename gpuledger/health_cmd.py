@@ -37,16 +37,21 @@ PLUGIN_SOCKETS = ("vcore.sock", "vmemory.sock")
 
 
 async def _connect(settings: Settings, timeout: float) -> tuple[Any, str]:
-    async def failed(*_: Any) -> None:  # nats-py logs to stderr without an error callback
-        return None
+    errors: list[str] = []
 
+    async def failed(exc: Exception) -> None:  # nats-py logs to stderr without an error callback
+        errors.append(str(exc) or type(exc).__name__)
+
+    # One attempt: a broker that is not up refuses at once, and the probe says so at once (nats-py
+    # reads max_reconnect_attempts=0 as "no limit": it would retry until the timeout).
     try:
         nc = await asyncio.wait_for(
             nats.connect(settings.nats_url, connect_timeout=timeout, allow_reconnect=False,
-                         max_reconnect_attempts=0, error_cb=failed, name="health-probe"),
+                         max_reconnect_attempts=1, reconnect_time_wait=0.01, error_cb=failed, name="health-probe"),
             timeout)
     except Exception as exc:
-        return None, f"cannot reach NATS at {settings.nats_url}: {exc or type(exc).__name__}"
+        cause = errors[-1] if errors else str(exc) or type(exc).__name__
+        return None, f"cannot reach NATS at {settings.nats_url}: {cause}"
     return nc, ""
 
 

@@ -8,12 +8,13 @@ signal, libs/lifeline.py), so a ``kill -9`` of ``up`` leaves nothing behind.
 
 Supervision: each child has a task that waits for its exit. A child that exits unexpectedly is
 logged with the cause (exit code or signal) and restarted; the broker on the same port with the same
-store, so the services' connections come back by themselves. The restart delay doubles only while a
-child keeps dying within ``QUICK_EXIT_S`` of its start (a crash loop) and resets once a run lasted a
+store, so the services' connections come back by themselves. A first exit is restarted after
+``AT_ONCE_S``; the delay (from ``FIRST_DELAY_S``) doubles only while a child keeps dying within
+``QUICK_EXIT_S`` of its start (a crash loop) and resets once a run lasted a
 healthy minute (``HEALTHY_AFTER_S``); a child that ran at least ``QUICK_EXIT_S`` comes back after
-``FIRST_DELAY_S`` whatever the streak (so a kill never waits 8 or 16 s for kills that came before
-it, which the chaos bench showed): the tenth kill in a week of healthy running waits
-``FIRST_DELAY_S``, not 30 s.
+``AT_ONCE_S`` whatever the streak (so a kill never waits 8 or 16 s for kills that came before it,
+which the chaos bench showed): the tenth kill in a week of healthy running waits ``AT_ONCE_S``,
+not 30 s.
 
 The launcher's own record is ``<state dir>/up.json`` (written on every start and exit): its pid, each
 child's pid and command line, restarts and the cause of the last exit. It is how restarts are counted
@@ -45,7 +46,8 @@ __all__ = ["BROKER", "SERVICES", "Child", "Launcher", "LauncherError", "settings
 
 BROKER = "nats-server"
 STATUS_FILE = "up.json"
-FIRST_DELAY_S = 0.25     # the first restart's delay
+FIRST_DELAY_S = 0.25     # the first restart's delay in a crash loop
+AT_ONCE_S = 0.02         # the restart delay of a child that was not crash-looping (killed from outside)
 MAX_DELAY_S = 30.0
 QUICK_EXIT_S = 10.0      # a run shorter than this counts toward a crash loop (the delay doubles)
 HEALTHY_AFTER_S = 60.0   # a run this long resets the delay
@@ -73,8 +75,10 @@ class Backoff:
         if uptime >= QUICK_EXIT_S:
             # Not a crash loop (killed from outside, say): back at once. The streak is kept until a
             # healthy minute, so a child that alternates short runs and quick crashes still backs off.
-            return FIRST_DELAY_S
-        delay = min(FIRST_DELAY_S * 2 ** self.streak, MAX_DELAY_S)
+            return AT_ONCE_S
+        # The first quick exit may be a kill from outside too: back at once; a second one in a row
+        # is a crash loop, and the delay grows from FIRST_DELAY_S.
+        delay = AT_ONCE_S if self.streak == 0 else min(FIRST_DELAY_S * 2 ** (self.streak - 1), MAX_DELAY_S)
         self.streak += 1
         return delay
 

@@ -48,6 +48,7 @@ __all__ = [
     "ReleaseRequest",
     "StateReply",
     "StateRequest",
+    "WatchdogReady",
 ]
 
 
@@ -193,3 +194,10 @@ class PodChanged(msgspec.Struct, kw_only=True):
 
     kind: str  # ADDED | MODIFIED | DELETED
     pod: Pod
+
+
+class WatchdogReady(msgspec.Struct, kw_only=True):
+    """Published by the watchdog on ``gpuledger.<node>.watchdog.ready`` (core NATS) when it answers
+    ``watchdog.pods`` again: at its start and each time its broker connection comes back."""
+
+    cause: str  # start | reconnect

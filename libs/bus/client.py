@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -46,6 +47,12 @@ _logger = get_logger("bus")
 
 RECONNECT_WAIT_S = 0.5
 FIRST_CONNECT_MAX_WAIT_S = 2.0  # the first connect's backoff doubles up to this
+# After a disconnect: a restarted local broker is back within a second or two, so try every
+# RECONNECT_FAST_S for RECONNECT_FAST_FOR_S, then back off (doubling) up to RECONNECT_MAX_WAIT_S.
+RECONNECT_FAST_S = 0.05
+RECONNECT_FAST_FOR_S = 2.0
+RECONNECT_MAX_WAIT_S = 2.0
+RECONNECT_LOG_EVERY_S = 5.0  # during an outage, one "still cannot reach" line at most this often
 
 
 class Bus:
@@ -70,20 +77,33 @@ class Bus:
         nc = NatsClient()
         first_connect = True
         reconnect_hooks: list[Callable[[], None]] = []
+        outage = _Outage()
 
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc) or type(exc).__name__)
-            if wait is None:  # a service logs each; a command (bounded wait) says the last in its BusError
-                _logger.warning("nats error", url=url, error=errors[-1])
+            quiet = wait is not None  # a service logs; a command (bounded wait) says the last in its BusError
             if first_connect:  # back off between its attempts (nats-py reads this option per attempt)
+                if not quiet:
+                    _logger.warning("nats error", url=url, error=errors[-1])
                 nc.options["reconnect_time_wait"] = min(nc.options["reconnect_time_wait"] * 2, FIRST_CONNECT_MAX_WAIT_S)
+            elif outage.since is None:
+                if not quiet:
+                    _logger.warning("nats error", url=url, error=errors[-1])
+            else:  # a failed reconnect attempt: one line per RECONNECT_LOG_EVERY_S
+                nc.options["reconnect_time_wait"] = outage.next_wait()
+                if outage.should_log() and not quiet:
+                    _logger.warning("cannot reach nats; retrying", url=url, error=errors[-1],
+                                    attempts=outage.attempts, away_s=round(outage.away(), 1))
 
         async def on_disconnect() -> None:
             if not (nc.is_closed or nc.is_draining):
                 _logger.warning("nats disconnected", url=url)
+                outage.begin()
+                nc.options["reconnect_time_wait"] = RECONNECT_FAST_S
 
         async def on_reconnect() -> None:
-            _logger.info("nats reconnected", url=url)
+            _logger.info("nats reconnected", url=url, away_s=round(outage.away(), 2), attempts=outage.attempts)
+            outage.end()
             for hook in reconnect_hooks:
                 hook()
 
@@ -112,7 +132,7 @@ class Bus:
                 raise BusError(f"cannot reach NATS at {url}: {exc}") from exc
             raise
         first_connect = False
-        nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S  # later reconnects keep the short wait
+        nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S  # reset to RECONNECT_FAST_S at a disconnect
         bus = cls(nc, Subjects(node))
         bus.on_reconnect = reconnect_hooks
         return bus
@@ -290,3 +310,39 @@ class Bus:
         except (TimeoutError, nats.errors.Error):
             with contextlib.suppress(OSError):  # the server is gone: the socket may already be reset
                 await self._nc.close()
+
+
+class _Outage:
+    """One loss of the broker connection: how long, how many attempts, how often it is logged."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.attempts = 0
+        self.wait = RECONNECT_FAST_S
+        self._logged = 0.0
+
+    def begin(self) -> None:
+        self.since = time.monotonic()
+        self.attempts = 0
+        self.wait = RECONNECT_FAST_S
+        self._logged = self.since  # the disconnect itself was just logged
+
+    def end(self) -> None:
+        self.since = None
+
+    def away(self) -> float:
+        return 0.0 if self.since is None else time.monotonic() - self.since
+
+    def next_wait(self) -> float:
+        """The pause before the next attempt: short at first, then doubling."""
+        self.attempts += 1
+        if self.away() >= RECONNECT_FAST_FOR_S:
+            self.wait = min(self.wait * 2, RECONNECT_MAX_WAIT_S)
+        return self.wait
+
+    def should_log(self) -> bool:
+        now = time.monotonic()
+        if now - self._logged < RECONNECT_LOG_EVERY_S:
+            return False
+        self._logged = now
+        return True

@@ -32,9 +32,14 @@ _logger = get_logger("follow")
 
 Handler = Callable[[StoredEvent], Awaitable[None] | None]
 
+# An idle follower looks this often whether the connection came back (a broker restart forgets its
+# consumer): the grants published after a restart reach it within this, not a second later.
+IDLE_CHECK_S = 0.25
+RETRY_S = 0.5  # after an error of the broker's, before subscribing again
+
 
 class LogFollower:
-    def __init__(self, bus: Bus, handler: Handler, *, after_seq: int = 0, idle_check: float = 1.0) -> None:
+    def __init__(self, bus: Bus, handler: Handler, *, after_seq: int = 0, idle_check: float = IDLE_CHECK_S) -> None:
         self.bus = bus
         self.handler = handler
         self.last_seq = after_seq
@@ -64,10 +69,12 @@ class LogFollower:
             except (nats.errors.Error, APIError, OSError) as exc:
                 raise_if_cancelling(exc)
                 # The broker went away (or restarted and forgot our ephemeral consumer): start again
-                # from our own position, which is all the state a follower needs.
+                # from our own position, which is all the state a follower needs. Once the connection
+                # is back, at once.
                 _logger.info("resubscribing to the event stream", after_seq=self.last_seq,
                           reason=str(exc) or type(exc).__name__)
-                await asyncio.sleep(0.5)
+                if not isinstance(exc, _Reconnected):
+                    await asyncio.sleep(RETRY_S)
 
     async def _follow_once(self, stream: str) -> None:
         reconnects = self.bus.reconnects
@@ -93,7 +100,7 @@ class LogFollower:
                 if record.seq <= self.last_seq:
                     continue
                 if record.seq != self.last_seq + 1:  # a gap: never skip events, read from our position again
-                    raise _Reconnected(f"gap: expected seq {self.last_seq + 1}, got {record.seq}")
+                    raise _Gap(f"gap: expected seq {self.last_seq + 1}, got {record.seq}")
                 stored = from_record(record)
                 if msg.headers and ROW_HASH_HEADER in msg.headers:  # the row's chain hash (a restore checks it)
                     stored = msgspec.structs.replace(stored, row_hash=msg.headers[ROW_HASH_HEADER])
@@ -113,4 +120,8 @@ class LogFollower:
 
 
 class _Reconnected(nats.errors.Error):
-    """The connection was re-established (or a gap seen): resubscribe from our own position."""
+    """The connection was re-established: resubscribe from our own position."""
+
+
+class _Gap(nats.errors.Error):
+    """An event is missing from what the consumer delivered: resubscribe from our own position."""

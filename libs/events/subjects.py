@@ -116,6 +116,12 @@ class Subjects:
         domains = sorted({t.split(".", 1)[0] for t in EVENT_TYPES})
         return [f"{self.prefix}.{d}.*" for d in domains]
 
+    @property
+    def watchdog_ready(self) -> str:
+        """The watchdog answers ``watchdog.pods`` again (started, or reconnected): copies of its pod view
+        resync now, since the notifications sent meanwhile were lost (core NATS only)."""
+        return f"{self.prefix}.watchdog.ready"
+
     def pod_fact(self, verb: str) -> str:
         """Pod lifecycle notifications from the watchdog (core NATS only, not in the log)."""
         return f"{self.prefix}.pod.{verb}"

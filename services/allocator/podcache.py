@@ -6,7 +6,10 @@ a fresh LIST from the API server too. Here the allocator listens to the watchdog
 a pod is matched without any request once its notification is in, and a miss waits (briefly) for the
 next notification instead of listing. It is a hint: notifications are core NATS (may be lost while
 disconnected), so a miss after the wait falls back to asking the watchdog, and the cache is resynced
-from the watchdog at start and periodically.
+from the watchdog at start, periodically, and at once when notifications may have been lost: when
+the watchdog says it answers again (``watchdog.ready``: it restarted, or its broker connection came
+back) and when the allocator's own connection comes back. A resync that fails is retried every
+``RETRY_S`` until one works.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from libs.bus.client import Bus
-from libs.commands import PodChanged, PodsReply, PodsRequest
+from libs.commands import PodChanged, PodsReply, PodsRequest, WatchdogReady
 from libs.errors import BusError
 from libs.kube.pods import Pod
 from libs.logger import get_logger
@@ -23,6 +26,8 @@ __all__ = ["PodCache"]
 
 _logger = get_logger("allocator")
 
+RETRY_S = 1.0  # between resyncs while they fail (the watchdog or the broker away)
+
 
 class PodCache:
     def __init__(self, bus: Bus) -> None:
@@ -30,24 +35,48 @@ class PodCache:
         self.pods: dict[str, Pod] = {}
         self.version = 0
         self._changed = asyncio.Condition()
+        self.resyncs = 0      # resyncs that replaced the cache (for tests and logs)
+        self._stale = True    # notifications may have been lost since the last resync that worked
+        self._due = asyncio.Event()  # a resync is due now (see kick())
+        self._failures = 0  # resyncs failed in a row
 
     async def start(self, timeout: float) -> None:
         await self.bus.subscribe(self.bus.subjects.pod_fact("*"), PodChanged, self._on_change)
+        await self.bus.subscribe(self.bus.subjects.watchdog_ready, WatchdogReady, self._on_watchdog_ready)
+        self.bus.on_reconnect.append(self.kick)  # our own connection was away: so were the notifications
         await self.resync(timeout)
+
+    def kick(self) -> None:
+        """Resync now (from ``resync_forever``), not at the next period."""
+        self._stale = True
+        self._due.set()
 
     async def resync(self, timeout: float) -> None:
         """Replace the cache with the watchdog's view (notifications arriving meanwhile still apply)."""
         try:
             reply = await self.bus.request(self.bus.subjects.pods, PodsRequest(), PodsReply, timeout=timeout)
         except BusError as exc:
-            _logger.info("pod cache not synced from the watchdog yet", error=str(exc))
+            if self._failures % 30 == 0:  # retried every RETRY_S: one line when it starts, then now and then
+                _logger.info("pod cache not synced from the watchdog yet", error=str(exc), tries=self._failures + 1)
+            self._failures += 1
+            self._stale = True
             return
         self.pods = {p.uid: p for p in reply.pods}
+        self._stale = False
+        self._failures = 0
+        self.resyncs += 1
         await self._bump()
 
     async def resync_forever(self, period: float, timeout: float) -> None:
+        """Every ``period``; at once after ``kick()``; every ``RETRY_S`` while a resync fails."""
         while True:
-            await asyncio.sleep(period)
+            wait = min(RETRY_S, period) if self._stale else period
+            try:
+                async with asyncio.timeout(wait):
+                    await self._due.wait()
+            except TimeoutError:
+                pass
+            self._due.clear()
             await self.resync(timeout)
 
     def pending(self) -> list[Pod]:
@@ -61,6 +90,10 @@ class PodCache:
         except TimeoutError:
             return False
         return True
+
+    async def _on_watchdog_ready(self, ready: WatchdogReady) -> None:
+        _logger.info("the watchdog answers again: resyncing the pod cache", cause=ready.cause)
+        self.kick()
 
     async def _on_change(self, change: PodChanged) -> None:
         if change.kind == "DELETED":

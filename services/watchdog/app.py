@@ -1,5 +1,6 @@
 """Watchdog composition root: Kubernetes pod source -> recycling, admission cleanup, annotation repair,
-node labels, pod queries on NATS, and (DRA driver on) the reconciliation of prepared claims."""
+node labels, pod queries on NATS (announced on ``watchdog.ready`` at start and at each reconnect), and
+(DRA driver on) the reconciliation of prepared claims."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from libs.kube.source import PodSource, make_client
 from libs.runtime import Supervisor
 from services.watchdog.admission import AdmissionCleanup
 from services.watchdog.annotations import AnnotationRepair
+from services.watchdog.announce import ReadyAnnouncer
 from services.watchdog.claims import ClaimReconciler
 from services.watchdog.kubeletpods import KubeletPods
 from services.watchdog.labels import NodeLabeler
@@ -53,6 +55,9 @@ async def service(settings: Settings, *, reconcile_period: float | None = None) 
         )
         bus.on_reconnect.append(recycler.kick)  # reconcile as soon as the broker is back
         await bus.serve(bus.subjects.pods, PodsRequest, PodQuery(source, settings.request_timeout))
+        ready = ReadyAnnouncer(bus)  # copies of the pod view (the allocator's) resync when we answer again
+        bus.on_reconnect.append(ready.on_reconnect)
+        await ready.announce("start")
         await stack.enter_async_context(observe(settings, source))  # /metrics
         supervisor = Supervisor("watchdog")
         stack.push_async_callback(supervisor.aclose)
