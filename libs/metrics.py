@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from libs.config import Settings
+from libs.httpserve import Handler, HttpServer, Reply
 from libs.logger import get_logger
 
 __all__ = ["HOP_BUCKETS", "HOP_METRIC", "PORT_OFFSETS", "MetricsServer", "hop_histogram", "metrics_port",
@@ -28,7 +28,7 @@ PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3, "f
 
 _logger = get_logger("metrics")
 
-Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Route = Handler  # a JSON route: no arguments, a Reply (libs.httpserve.json_reply)
 
 
 # The per-hop breakdown of a granted Allocate, one histogram name in the registrar (hops
@@ -58,7 +58,7 @@ class MetricsServer:
         self.host = host
         self.port = port
         self._routes = routes or {}
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
 
     async def start(self) -> bool:
         """Serve; False (with an error logged) when the port cannot be bound.
@@ -67,35 +67,30 @@ class MetricsServer:
         still on 5678 during a migration) takes the node's GPUs away; a missing scrape target only raises
         an alert.
         """
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/metric", self._metrics)  # gpu-manager's path, for existing scrape configs
-        for path, handler in self._routes.items():
-            app.router.add_get(path, handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
+        # /metric: gpu-manager's path, for existing scrape configs
+        http = HttpServer({"/metrics": self._metrics, "/metric": self._metrics, **self._routes},
+                          host=self.host, port=self.port)
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            await http.start()
         except OSError as exc:
-            await runner.cleanup()
             _logger.error("metrics are NOT served: cannot listen; pick another --metrics-port (0 turns it off)",
                        host=self.host, port=self.port, error=exc.strerror or str(exc))
             return False
-        self._runner = runner
+        self._http = http
         _logger.info("serving metrics", port=self.port, paths=["/metrics", *self._routes])
         return True
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
+    async def _metrics(self) -> Reply:
         # Collect on the loop (a consistent read of the state the loop mutates), format in a thread:
         # formatting is most of a scrape's cost and must not hold up Allocate.
         families = list(self.registry.collect())
         body = await asyncio.to_thread(generate_latest, _Collected(families))  # type: ignore[arg-type]
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return Reply(body, CONTENT_TYPE_LATEST)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
 
 
 @asynccontextmanager
