@@ -8,17 +8,15 @@ upstream #99): GPU usage is sampled in the background and the scrape reads the l
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from libs.config import Settings
-from libs.httpserve import Handler, HttpServer, Reply
+from libs.http_endpoint import HttpEndpoint, Route
 from libs.logger import get_logger
 
 __all__ = ["HOP_BUCKETS", "HOP_METRIC", "PORT_OFFSETS", "MetricsServer", "hop_histogram", "metrics_port",
@@ -27,8 +25,6 @@ __all__ = ["HOP_BUCKETS", "HOP_METRIC", "PORT_OFFSETS", "MetricsServer", "hop_hi
 PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3, "fleet": 4}  # fleet: the recorder
 
 _logger = get_logger("metrics")
-
-Route = Handler  # a JSON route: no arguments, a Reply (libs.httpserve.json_reply)
 
 
 # The per-hop breakdown of a granted Allocate, one histogram name in the registrar (hops
@@ -58,7 +54,7 @@ class MetricsServer:
         self.host = host
         self.port = port
         self._routes = routes or {}
-        self._http: HttpServer | None = None
+        self._http: HttpEndpoint | None = None
 
     async def start(self) -> bool:
         """Serve; False (with an error logged) when the port cannot be bound.
@@ -67,9 +63,7 @@ class MetricsServer:
         still on 5678 during a migration) takes the node's GPUs away; a missing scrape target only raises
         an alert.
         """
-        # /metric: gpu-manager's path, for existing scrape configs
-        http = HttpServer({"/metrics": self._metrics, "/metric": self._metrics, **self._routes},
-                          host=self.host, port=self.port)
+        http = HttpEndpoint(self.registry, self._routes, host=self.host, port=self.port)
         try:
             await http.start()
         except OSError as exc:
@@ -77,15 +71,9 @@ class MetricsServer:
                        host=self.host, port=self.port, error=exc.strerror or str(exc))
             return False
         self._http = http
+        self.port = http.port
         _logger.info("serving metrics", port=self.port, paths=["/metrics", *self._routes])
         return True
-
-    async def _metrics(self) -> Reply:
-        # Collect on the loop (a consistent read of the state the loop mutates), format in a thread:
-        # formatting is most of a scrape's cost and must not hold up Allocate.
-        families = list(self.registry.collect())
-        body = await asyncio.to_thread(generate_latest, _Collected(families))  # type: ignore[arg-type]
-        return Reply(body, CONTENT_TYPE_LATEST)
 
     async def stop(self) -> None:
         if self._http is not None:
@@ -107,16 +95,6 @@ async def serving(settings: Settings, service: str, registry: CollectorRegistry,
         yield server
     finally:
         await server.stop()
-
-
-class _Collected:
-    """Already collected families, in the shape generate_latest reads from a registry."""
-
-    def __init__(self, families: list[Any]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Any]:
-        return self._families
 
 
 def timed(fn: Callable[..., Awaitable[Any]], histogram: Histogram,

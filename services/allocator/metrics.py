@@ -24,9 +24,9 @@ from prometheus_client.registry import Collector
 from libs.bus.outbox import Relay
 from libs.config import Settings
 from libs.errors import ServiceError
-from libs.httpserve import Reply, json_reply
+from libs.http_endpoint import Reply, Route, json_reply
 from libs.ledger.state import LedgerState
-from libs.metrics import MetricsServer, Route, hop_histogram, serving
+from libs.metrics import MetricsServer, hop_histogram, serving
 from libs.status import agent_version, graph_json, usage_json
 from libs.store.log import EventLog
 from services.allocator.observer import AllocatorObserver

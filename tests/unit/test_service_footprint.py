@@ -9,19 +9,22 @@ import sys
 import pytest
 
 # No service loads aiohttp: nats-py is imported without it (libs/bus/natsimport.py: we never use its
-# websocket transport) and /metrics is served by libs/httpserve.py. Nor cryptography (the checkpointer
-# loads it with the node's key, libs/witness/note.py) or pyelftools (read only where a driver library is).
+# websocket transport) and /metrics is served by the standard library's WSGI server (libs/http_endpoint.py).
+# Nor cryptography (the checkpointer loads it with the node's key, libs/witness/note.py) or pyelftools (read
+# only where a driver library is).
 EVERY_SERVICE = ("sqlalchemy", "simulator", "aiohttp", "cryptography", "elftools")
 
 # module -> top-level packages that importing it must not load
 RULES = {
-    "services.registrar.app": (*EVERY_SERVICE, "lightkube"),
-    "services.vmanager.app": (*EVERY_SERVICE, "lightkube"),
+    # nor PyYAML where no fake GPU profile is read (libs/gpu/fake.py): a --config file is read only when
+    # given (gpuledger/options.py)
+    "services.registrar.app": (*EVERY_SERVICE, "lightkube", "yaml"),
+    "services.vmanager.app": (*EVERY_SERVICE, "lightkube", "yaml"),
     "services.watchdog.app": EVERY_SERVICE,
     # the allocator creates the log's schema with SQLAlchemy, but only when the log is new
     "services.allocator.app": EVERY_SERVICE,
     # `gpuledger run` starts a service without the rest of the CLI
-    "gpuledger.run_cmd": ("gpuledger.cli", "simulator", "sqlalchemy", "lightkube", "elftools", "aiohttp"),
+    "gpuledger.run_cmd": ("gpuledger.cli", "simulator", "sqlalchemy", "lightkube", "elftools", "aiohttp", "yaml"),
 }
 
 
