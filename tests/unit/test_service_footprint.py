@@ -16,10 +16,10 @@ EVERY_SERVICE = ("sqlalchemy", "simulator", "aiohttp", "cryptography", "elftools
 
 # module -> top-level packages that importing it must not load
 RULES = {
-    # nor PyYAML where no fake GPU profile is read (libs/gpu/fake.py): a --config file is read only when
-    # given (gpuledger/options.py)
-    "services.registrar.app": (*EVERY_SERVICE, "lightkube", "yaml"),
-    "services.vmanager.app": (*EVERY_SERVICE, "lightkube", "yaml"),
+    # nor the GPU package (NVML, the fake profiles' PyYAML) where no GPU is read: the settings' validation
+    # does not import it (libs/config.py), a --config file is read only when given (gpuledger/options.py)
+    "services.registrar.app": (*EVERY_SERVICE, "lightkube", "libs.gpu", "yaml"),
+    "services.vmanager.app": (*EVERY_SERVICE, "lightkube", "libs.gpu", "yaml"),
     "services.watchdog.app": EVERY_SERVICE,
     # the allocator creates the log's schema with SQLAlchemy, but only when the log is new
     "services.allocator.app": EVERY_SERVICE,
@@ -31,6 +31,8 @@ RULES = {
 @pytest.mark.parametrize("module", sorted(RULES))
 def test_a_service_does_not_import_what_it_does_not_use(module: str) -> None:
     code = (f"import sys, {module}\n"
+            "from libs.config import Settings\n"
+            "Settings()\n"  # every service validates its settings at start
             f"print(' '.join(m for m in {RULES[module]!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == [], f"{module} imports {out.stdout.strip()}"
