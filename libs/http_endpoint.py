@@ -66,7 +66,7 @@ class HttpEndpoint:
         self._thread: threading.Thread | None = None
         # make_wsgi_app formats what this registry collects: the service's registry, collected on the loop
         on_loop = CollectorRegistry(auto_describe=False)
-        on_loop.register(_CollectedOnLoop(self))  # type: ignore[arg-type]
+        on_loop.register(_CollectedOnLoop(self))
         self._metrics_app = make_wsgi_app(on_loop)
 
     async def start(self) -> None:

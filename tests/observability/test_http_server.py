@@ -80,7 +80,7 @@ async def test_routes_run_on_the_loop_and_unknown_paths_or_methods_are_refused()
 async def test_metrics_are_collected_on_the_loop_in_the_format_and_encoding_asked_for() -> None:
     registry = CollectorRegistry()
     recorder = _ThreadRecorder()
-    registry.register(recorder)  # type: ignore[arg-type]
+    registry.register(recorder)
     Counter("demo_things", "things", registry=registry).inc(3)
     endpoint = HttpEndpoint(registry, {}, host="127.0.0.1", port=0)
     await endpoint.start()
