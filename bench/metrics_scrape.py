@@ -2,11 +2,12 @@
 
 The allocator's collector reads the folded state in memory (NVML is sampled in the background, never on
 a scrape), so a scrape should cost little more than the HTTP exchange itself. Measured in one run:
-- floor: a scrape over HTTP of a registry holding one counter (aiohttp server + client, same loop);
+- floor: a scrape over HTTP of a registry holding one counter (the services' endpoint,
+  libs/http_endpoint.py, and an aiohttp client on the same loop; the client asks for gzip, as Prometheus does);
 - scrape: the same server with the allocator's collector over a state with N active allocations on an
   8-GPU node (each allocation also with a usage sample, so every gpu-manager container metric is out);
 - loop held: the part of a scrape that runs on the allocator's event loop (collection; the text is
-  formatted in a thread), i.e. how long a scrape can delay an Allocate.
+  formatted and compressed in the server's thread), i.e. how long a scrape can delay an Allocate.
 
     python -m bench.metrics_scrape [--allocations 0,100,1000] [--scrapes 300]
 """
@@ -108,7 +109,7 @@ async def main() -> None:
     for n in (int(x) for x in args.allocations.split(",")):
         registry = _registry(n)
         times, size = await _scrapes(registry, args.scrapes)
-        held = []  # the part of a scrape that runs on the event loop (collection; formatting is in a thread)
+        held = []  # the part of a scrape that runs on the event loop (collection; formatting is in the server's thread)
         for _ in range(min(args.scrapes, 100)):
             start = time.perf_counter()
             list(registry.collect())

@@ -18,7 +18,8 @@ _COUNT = len(PORT_OFFSETS)
 def _bind_error(host: str, port: int) -> str | None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # what aiohttp sets: TIME_WAIT is no conflict
+        # as the metrics server does (HTTPServer.allow_reuse_address): TIME_WAIT is no conflict
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

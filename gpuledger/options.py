@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 import msgspec
-import yaml
 
 from libs.config import Settings, default_state_dir
 
@@ -168,6 +167,8 @@ def agent_options(fn: F) -> F:
 
 def load_config_file(path: str, params: list[click.Parameter]) -> dict[str, Any]:
     """The YAML file as click's ``default_map``: option name -> value; unknown keys are an error."""
+    import yaml  # here: only a service started with --config reads YAML (about 1 MB resident otherwise)
+
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

@@ -16,7 +16,7 @@ import msgspec
 
 from libs.dra import DRIVER_NAME
 
-__all__ = ["Settings", "default_state_dir", "parse_node_labels"]
+__all__ = ["Settings", "default_state_dir", "parse_node_labels", "parse_xids"]
 
 MIB = 1 << 20
 MEMORY_BLOCK = 256 * MIB  # one tencent.com/vcuda-memory unit
@@ -122,8 +122,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise msgspec.ValidationError("usage_interval and health_check_interval must be positive")
         if self.health_recovery_checks < 1:
             raise msgspec.ValidationError("health_recovery_checks must be at least 1")
-        from libs.gpu.health import parse_xids  # no cycle: it imports only msgspec
-
         try:
             parse_xids(self.health_ignored_xids)
         except ValueError as exc:
@@ -213,3 +211,23 @@ def parse_node_labels(spec: str) -> dict[str, str]:
             raise ValueError(f"node label value {value!r} (key {key!r}) is not a valid Kubernetes label value")
         labels[key] = value
     return labels
+
+
+def parse_xids(text: str) -> frozenset[int]:
+    """``"13, 31,43"`` -> {13, 31, 43}; an empty text ignores nothing. ValueError names a bad entry.
+
+    Here, not in libs.gpu.health which uses it: validating the settings must not import the GPU package
+    (NVML, the fake profiles' YAML: about 2 MB in the services that read no GPU)."""
+    out = set()
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            raise ValueError(f"XID list: {part!r} is not a number (write e.g. 13,31,43)") from None
+        if value < 0:
+            raise ValueError(f"XID list: {value} is negative")
+        out.add(value)
+    return frozenset(out)

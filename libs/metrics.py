@@ -8,17 +8,15 @@ upstream #99): GPU usage is sampled in the background and the scrape reads the l
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from libs.config import Settings
+from libs.http_endpoint import HttpEndpoint, Route
 from libs.logger import get_logger
 
 __all__ = ["HOP_BUCKETS", "HOP_METRIC", "PORT_OFFSETS", "MetricsServer", "hop_histogram", "metrics_port",
@@ -27,8 +25,6 @@ __all__ = ["HOP_BUCKETS", "HOP_METRIC", "PORT_OFFSETS", "MetricsServer", "hop_hi
 PORT_OFFSETS = {"allocator": 0, "registrar": 1, "vmanager": 2, "watchdog": 3, "fleet": 4}  # fleet: the recorder
 
 _logger = get_logger("metrics")
-
-Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 # The per-hop breakdown of a granted Allocate, one histogram name in the registrar (hops
@@ -58,7 +54,7 @@ class MetricsServer:
         self.host = host
         self.port = port
         self._routes = routes or {}
-        self._runner: web.AppRunner | None = None
+        self._http: HttpEndpoint | None = None
 
     async def start(self) -> bool:
         """Serve; False (with an error logged) when the port cannot be bound.
@@ -67,35 +63,22 @@ class MetricsServer:
         still on 5678 during a migration) takes the node's GPUs away; a missing scrape target only raises
         an alert.
         """
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/metric", self._metrics)  # gpu-manager's path, for existing scrape configs
-        for path, handler in self._routes.items():
-            app.router.add_get(path, handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
+        http = HttpEndpoint(self.registry, self._routes, host=self.host, port=self.port)
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            await http.start()
         except OSError as exc:
-            await runner.cleanup()
             _logger.error("metrics are NOT served: cannot listen; pick another --metrics-port (0 turns it off)",
                        host=self.host, port=self.port, error=exc.strerror or str(exc))
             return False
-        self._runner = runner
+        self._http = http
+        self.port = http.port
         _logger.info("serving metrics", port=self.port, paths=["/metrics", *self._routes])
         return True
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        # Collect on the loop (a consistent read of the state the loop mutates), format in a thread:
-        # formatting is most of a scrape's cost and must not hold up Allocate.
-        families = list(self.registry.collect())
-        body = await asyncio.to_thread(generate_latest, _Collected(families))  # type: ignore[arg-type]
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
 
 
 @asynccontextmanager
@@ -112,16 +95,6 @@ async def serving(settings: Settings, service: str, registry: CollectorRegistry,
         yield server
     finally:
         await server.stop()
-
-
-class _Collected:
-    """Already collected families, in the shape generate_latest reads from a registry."""
-
-    def __init__(self, families: list[Any]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Any]:
-        return self._families
 
 
 def timed(fn: Callable[..., Awaitable[Any]], histogram: Histogram,

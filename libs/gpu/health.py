@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import msgspec
 
+from libs.config import parse_xids  # the settings validate the list; the tracker reads it
+
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
     "GpuEvent",
@@ -42,23 +44,6 @@ class GpuEvent(msgspec.Struct, frozen=True, kw_only=True):
     kind: str          # xid | ecc-double-bit | ecc-single-bit
     xid: int = 0
     detail: str = ""
-
-
-def parse_xids(text: str) -> frozenset[int]:
-    """``"13, 31,43"`` -> {13, 31, 43}; an empty text ignores nothing. ValueError names a bad entry."""
-    out = set()
-    for part in text.replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            value = int(part)
-        except ValueError:
-            raise ValueError(f"XID list: {part!r} is not a number (write e.g. 13,31,43)") from None
-        if value < 0:
-            raise ValueError(f"XID list: {value} is negative")
-        out.add(value)
-    return frozenset(out)
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,14 @@ import binascii
 import hashlib
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+# cryptography (about 7 MB of resident memory) is imported where a key is used, not with this module:
+# keys, notes and checkpoints are parsed and encoded from their bytes, and an allocator whose
+# checkpointer is off never loads it.
 
 __all__ = [
     "ALG_COSIGNATURE_V1",
@@ -67,6 +71,8 @@ def _check_name(name: str) -> None:
 
 
 def _public_bytes(key: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
@@ -104,9 +110,13 @@ class Verifier:
         return verifier
 
     def _key(self) -> Ed25519PublicKey:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
         return Ed25519PublicKey.from_public_bytes(self.public)
 
     def check(self, signature: bytes, message: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
         try:
             self._key().verify(signature, message)
         except InvalidSignature:
@@ -123,7 +133,8 @@ class Signer:
     @classmethod
     def generate(cls, name: str, alg: int = ALG_ED25519) -> Signer:
         _check_name(name)
-        from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
         seed = Ed25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
         return cls(name, alg, seed)
@@ -133,6 +144,8 @@ class Signer:
         return Verifier(self.name, self.alg, _public_bytes(self._key().public_key()))
 
     def _key(self) -> Ed25519PrivateKey:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return Ed25519PrivateKey.from_private_bytes(self.seed)
 
     def sign(self, message: bytes) -> bytes:

@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -25,8 +24,9 @@ from prometheus_client.registry import Collector
 from libs.bus.outbox import Relay
 from libs.config import Settings
 from libs.errors import ServiceError
+from libs.http_endpoint import Reply, Route, json_reply
 from libs.ledger.state import LedgerState
-from libs.metrics import MetricsServer, Route, hop_histogram, serving
+from libs.metrics import MetricsServer, hop_histogram, serving
 from libs.status import agent_version, graph_json, usage_json
 from libs.store.log import EventLog
 from services.allocator.observer import AllocatorObserver
@@ -159,14 +159,14 @@ class AllocatorCollector(Collector):
 
 
 def _status_routes(state: LedgerState, usage: UsageSampler, node: str) -> dict[str, Route]:
-    async def graph(_req: web.Request) -> web.Response:
-        return web.json_response(graph_json(state.snapshot(), state.inventory))
+    async def graph() -> Reply:
+        return json_reply(graph_json(state.snapshot(), state.inventory))
 
-    async def usage_route(_req: web.Request) -> web.Response:
-        return web.json_response(usage_json(state.snapshot(), state.inventory, usage.containers))
+    async def usage_route() -> Reply:
+        return json_reply(usage_json(state.snapshot(), state.inventory, usage.containers))
 
-    async def version(_req: web.Request) -> web.Response:
-        return web.json_response({"version": agent_version(), "node": node})  # `status --url` checks it
+    async def version() -> Reply:
+        return json_reply({"version": agent_version(), "node": node})  # `status --url` checks it
 
     return {"/graph": graph, "/usage": usage_route, "/version": version}
 

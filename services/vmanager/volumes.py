@@ -30,9 +30,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-
 from libs.config import Settings
 from libs.logger import get_logger
 from services.vmanager.ldcache import CacheEntry, LdCacheError, read_ld_cache
@@ -62,6 +59,11 @@ _VERSION_TAIL = re.compile(r"(\.[0-9]+)+$")
 
 def soname_of(path: Path) -> str | None:
     """DT_SONAME of a shared object (from PT_DYNAMIC, as the loader reads it, else .dynamic)."""
+    # pyelftools (with the pdb it imports, about 2.6 MB resident) only where a driver library is read:
+    # a node without NVIDIA libraries, or with driver volumes off, never loads it.
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)

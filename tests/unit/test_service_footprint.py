@@ -8,21 +8,40 @@ import sys
 
 import pytest
 
+# No service loads aiohttp: nats-py is imported without it (libs/bus/natsimport.py: we never use its
+# websocket transport) and /metrics is served by the standard library's WSGI server (libs/http_endpoint.py).
+# Nor cryptography (the checkpointer loads it with the node's key, libs/witness/note.py) or pyelftools (read
+# only where a driver library is).
+EVERY_SERVICE = ("sqlalchemy", "simulator", "aiohttp", "cryptography", "elftools")
+
 # module -> top-level packages that importing it must not load
 RULES = {
-    "services.registrar.app": ("sqlalchemy", "lightkube", "simulator"),
-    "services.vmanager.app": ("sqlalchemy", "lightkube", "simulator"),
-    "services.watchdog.app": ("sqlalchemy", "simulator"),
+    # nor the GPU package (NVML, the fake profiles' PyYAML) where no GPU is read: the settings' validation
+    # does not import it (libs/config.py), a --config file is read only when given (gpuledger/options.py)
+    "services.registrar.app": (*EVERY_SERVICE, "lightkube", "libs.gpu", "yaml"),
+    "services.vmanager.app": (*EVERY_SERVICE, "lightkube", "libs.gpu", "yaml"),
+    "services.watchdog.app": EVERY_SERVICE,
     # the allocator creates the log's schema with SQLAlchemy, but only when the log is new
-    "services.allocator.app": ("sqlalchemy", "simulator"),
+    "services.allocator.app": EVERY_SERVICE,
     # `gpuledger run` starts a service without the rest of the CLI
-    "gpuledger.run_cmd": ("gpuledger.cli", "simulator", "sqlalchemy", "lightkube", "elftools"),
+    "gpuledger.run_cmd": ("gpuledger.cli", "simulator", "sqlalchemy", "lightkube", "elftools", "aiohttp", "yaml"),
 }
 
 
 @pytest.mark.parametrize("module", sorted(RULES))
 def test_a_service_does_not_import_what_it_does_not_use(module: str) -> None:
     code = (f"import sys, {module}\n"
+            "from libs.config import Settings\n"
+            "Settings()\n"  # every service validates its settings at start
             f"print(' '.join(m for m in {RULES[module]!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == [], f"{module} imports {out.stdout.strip()}"
+
+
+def test_nats_is_imported_without_aiohttp_yet_aiohttp_stays_importable() -> None:
+    code = ("import sys, libs.bus, nats.aio.transport as t\n"
+            "print('aiohttp' in sys.modules, t.aiohttp is None)\n"
+            "import aiohttp\n"  # a process that wants it (the simulator, a test) still gets it
+            "print(aiohttp.ClientSession is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]
