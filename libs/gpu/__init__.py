@@ -8,12 +8,35 @@ levels (gpu-manager's topology tree).
 
 from __future__ import annotations
 
-from libs.gpu.backends import load_inventory, open_monitor
-from libs.gpu.fake import DEFAULT_FAKE_PROFILE, FakeBackend
-from libs.gpu.inventory import GpuBackend, Inventory
-from libs.gpu.nvml import NvmlBackend
-from libs.gpu.topology import link_level, nvlink_count, parse_topo_matrix
-from libs.gpu.tree import TopologyTree, TreeNode, build_tree
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from libs.gpu.backends import load_inventory, open_monitor
+    from libs.gpu.fake import DEFAULT_FAKE_PROFILE, FakeBackend
+    from libs.gpu.inventory import GpuBackend, Inventory
+    from libs.gpu.nvml import NvmlBackend
+    from libs.gpu.topology import link_level, nvlink_count, parse_topo_matrix
+    from libs.gpu.tree import TopologyTree, TreeNode, build_tree
+
+# Names are loaded on first use: a service that only needs a submodule (the topology tokens, via
+# placement) must not pay for the backends, NVML and the fake profiles' YAML at import.
+_HOMES = {
+    "load_inventory": "backends", "open_monitor": "backends",
+    "DEFAULT_FAKE_PROFILE": "fake", "FakeBackend": "fake",
+    "GpuBackend": "inventory", "Inventory": "inventory",
+    "NvmlBackend": "nvml",
+    "link_level": "topology", "nvlink_count": "topology", "parse_topo_matrix": "topology",
+    "TopologyTree": "tree", "TreeNode": "tree", "build_tree": "tree",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "DEFAULT_FAKE_PROFILE",

@@ -14,12 +14,15 @@ import pytest
 # only where a driver library is).
 EVERY_SERVICE = ("sqlalchemy", "simulator", "aiohttp", "cryptography", "elftools")
 
+GPU_BACKENDS = ("libs.gpu.backends", "libs.gpu.nvml", "libs.gpu.fake", "pynvml")
+
 # module -> top-level packages that importing it must not load
 RULES = {
-    # nor the GPU package (NVML, the fake profiles' PyYAML) where no GPU is read: the settings' validation
-    # does not import it (libs/config.py), a --config file is read only when given (gpuledger/options.py)
-    "services.registrar.app": (*EVERY_SERVICE, "lightkube", "libs.gpu", "yaml"),
-    "services.vmanager.app": (*EVERY_SERVICE, "lightkube", "libs.gpu", "yaml"),
+    # nor the GPU backends (NVML, the fake profiles' PyYAML) where no GPU is read: the settings' validation
+    # does not import them (libs/config.py), a --config file is read only when given (gpuledger/options.py),
+    # and placement's topology tokens do not load the backends (libs/gpu/__init__.py loads names on use)
+    "services.registrar.app": (*EVERY_SERVICE, "lightkube", *GPU_BACKENDS, "yaml"),
+    "services.vmanager.app": (*EVERY_SERVICE, "lightkube", *GPU_BACKENDS, "yaml"),
     "services.watchdog.app": EVERY_SERVICE,
     # the allocator creates the log's schema with SQLAlchemy, but only when the log is new
     "services.allocator.app": EVERY_SERVICE,
