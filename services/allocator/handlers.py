@@ -247,6 +247,7 @@ class Allocator:
                 candidate = await self._pick(pods, cores, view, last_resort=fresh)
                 if candidate is not None and (reply := await self._grant(req, candidate, deadline,
                                                                          lookups=lookups, started=started)):
+                    self.observer.pod_found("listed")
                     return reply
             # The pod may not have reached the watchdog's cache yet: ask the API server directly next.
             if time.time() + delay > deadline - 0.5:
@@ -275,9 +276,12 @@ class Allocator:
                 lookups += 1
                 version = cache.version
                 fetched = fetch.result() if fetch is not None and fetch.done() else []
-                candidate = await self._pick(_with_fetched(cache.pending(), fetched), cores, view)
+                pending = cache.pending()
+                candidate = await self._pick(_with_fetched(pending, fetched), cores, view)
                 if candidate is not None and (reply := await self._grant(req, candidate, deadline,
                                                                          lookups=lookups, started=started)):
+                    notified = any(p.uid == candidate.pod.uid for p in pending)
+                    self.observer.pod_found("notification" if notified else "fetched")
                     return reply
                 if fetch is None:
                     fetch = asyncio.create_task(self._fetch_unknown(view, cache, started))
