@@ -97,7 +97,7 @@ def install() -> Trace:
     trace.wrap_sync(kubelet.Kubelet, "_write_status", "kubelet status write")
     trace.wrap_async(peergate.PeerGate, "_serve", "vcuda.sock connection (whole)")
     trace.wrap_sync(peergate, "check_caller", "caller check (/proc, cgroup)")
-    trace.wrap_async(register.Registrar, "register", "RegisterVDevice handler")
+    trace.wrap_async(register.VDeviceRegistrations, "register", "RegisterVDevice handler")
     trace.wrap_async(containers.ContainerNames, "lookup", "container id -> name (watchdog)")
     trace.wrap_sync(register, "write_container_files", "vcuda.config + pids.config written")
     trace.wrap_async(Endpoint, "allocate", " kubelet: Allocate rpc")

@@ -173,6 +173,10 @@ class PodsRequest(msgspec.Struct, kw_only=True):
     uid: str = ""          # one pod by uid; empty: every pod on the node
     phase: str = ""        # filter by status.phase
     fresh: bool = False    # list from the API server instead of the watch cache
+    # One pod by namespace and name (both given): with ``fresh``, one GET from the API server (not a
+    # LIST of the node's pods); the pod is answered only while it is bound to this node.
+    namespace: str = ""
+    name: str = ""
 
 
 class PodsReply(msgspec.Struct, kw_only=True):

@@ -139,6 +139,9 @@ class Relay:
                 async with asyncio.timeout(self.poll_interval):
                     await self._wake.wait()
             self._wake.clear()
+            # One loop turn first: what the commit's own waiter sends (an Allocate's reply) is then
+            # written before these events' publication.
+            await asyncio.sleep(0)
             raise_if_cancelling(None)  # a stop that a NATS call below lost must still end the relay
             try:
                 await self._publish_pending()

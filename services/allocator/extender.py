@@ -120,6 +120,9 @@ class AnnotationWriter:
     async def run(self) -> None:
         while True:
             namespace, name, pod_uid, assigned = await self.queue.get()
+            # One loop turn first: the answer whose grant queued this (an Allocate's reply) is then
+            # written before a patch's HTTP request takes the loop.
+            await asyncio.sleep(0)
             held = self.allocations_of(pod_uid)  # as of now: corrections included
             indexes = extender_indexes(self.gpus()) if self.gpus is not None else None
             wanted = ready_annotations(held, assigned=assigned, indexes=indexes)

@@ -68,6 +68,8 @@ __all__ = ["Allocator"]
 
 _VCORE_ID = re.compile(r"^tencent\.com/vcuda-core-(\d+)$")
 _NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notification before asking
+_FETCH_AFTER = 0.005  # a pod's notification is usually in by then: later, fetch the pod rather than wait on
+_FETCH_AT_MOST = 3  # pods the kubelet lists and our copy lacks, fetched by name; more: our copy is behind
 _logger = get_logger("allocator")
 
 
@@ -155,8 +157,9 @@ class Allocator:
         started = time.perf_counter()
         # The kubelet's pod-resources List tells which pods it has taken up: it admits one pod at a
         # time, so only a pod it knows and has not given devices to yet can be the one asking. Asked
-        # at most once per request (the kubelet rate-limits that API), when there is a candidate.
+        # once per request (the kubelet rate-limits that API), at once: it runs while we match.
         view = _KubeletView(self._kubelet_view)
+        view.start()
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
         finally:
@@ -244,6 +247,7 @@ class Allocator:
                 candidate = await self._pick(pods, cores, view, last_resort=fresh)
                 if candidate is not None and (reply := await self._grant(req, candidate, deadline,
                                                                          lookups=lookups, started=started)):
+                    self.observer.pod_found("listed")
                     return reply
             # The pod may not have reached the watchdog's cache yet: ask the API server directly next.
             if time.time() + delay > deadline - 0.5:
@@ -258,22 +262,59 @@ class Allocator:
     ) -> AllocateReply | None:
         """Match against our copy of the watchdog's notifications: no request at all when the pod is
         in. When it is not (the kubelet admits a pod before its watch event has gone through the
-        watchdog), wait for the next notifications, for at most a short while; None after that."""
+        watchdog), the kubelet's List names the pods it has taken up: one our copy lacks is fetched
+        at once by name, while the next notifications are awaited too, for at most a short while
+        (a fetch under way is awaited to its end); None after that."""
         cache = self.pod_cache
         assert cache is not None
         cores = len(req.device_ids)
         until = time.monotonic() + _NOTIFICATION_WAIT
         lookups = 0
-        while True:
-            lookups += 1
-            version = cache.version
-            candidate = await self._pick(cache.pending(), cores, view)
-            if candidate is not None and (reply := await self._grant(req, candidate, deadline,
-                                                                     lookups=lookups, started=started)):
-                return reply
-            left = until - time.monotonic()
-            if left <= 0 or not await cache.wait_for_change(version, left):
-                return None
+        fetch: asyncio.Task[list[Pod]] | None = None
+        try:
+            while True:
+                lookups += 1
+                version = cache.version
+                fetched = fetch.result() if fetch is not None and fetch.done() else []
+                pending = cache.pending()
+                candidate = await self._pick(_with_fetched(pending, fetched), cores, view)
+                if candidate is not None and (reply := await self._grant(req, candidate, deadline,
+                                                                         lookups=lookups, started=started)):
+                    notified = any(p.uid == candidate.pod.uid for p in pending)
+                    self.observer.pod_found("notification" if notified else "fetched")
+                    return reply
+                if fetch is None:
+                    fetch = asyncio.create_task(self._fetch_unknown(view, cache, started))
+                if not await _news(cache, version, fetch, until):
+                    return None
+        finally:
+            if fetch is not None:
+                fetch.cancel()
+
+    async def _fetch_unknown(self, view: _KubeletView, cache: PodCache, started: float) -> list[Pod]:
+        """The pods the kubelet has taken up, still admitting some container, that ``cache`` lacks
+        ``_FETCH_AFTER`` after the request came: each fetched by name from the API server (through
+        the watchdog, one GET each, together). A real kubelet adds a pod to its pod manager, which
+        its List reads, before admitting it. [] when the kubelet did not answer or too many are
+        unknown (our copy is behind: the caller's fallback lists them all)."""
+        await asyncio.sleep(max(0.0, started + _FETCH_AFTER - time.perf_counter()))
+        record = await view.get(self.settings.request_timeout)
+        if record is None:
+            return []
+        known = {(p.metadata.namespace, p.metadata.name) for p in cache.pods.values()}
+        unknown = [key for key, held in record.containers.items() if key not in known and not all(held.values())]
+        if not unknown or len(unknown) > _FETCH_AT_MOST:
+            return []
+        found = await asyncio.gather(*(self._pod_by_name(ns, name) for ns, name in unknown))
+        return [p for pods in found for p in pods]
+
+    async def _pod_by_name(self, namespace: str, name: str) -> list[Pod]:
+        try:
+            pods = await self._pods(PodsRequest(namespace=namespace, name=name, fresh=True))
+        except ServiceError as exc:
+            _logger.info("could not fetch a pod the kubelet lists", pod=f"{namespace}/{name}", error=exc.message)
+            return []
+        return [p for p in pods if (p.metadata.namespace, p.metadata.name) == (namespace, name)]
 
     async def _grant(
         self, req: AllocateRequest, cand: Candidate, deadline: float, *, lookups: int, started: float,
@@ -384,22 +425,31 @@ class Allocator:
         place of its private checkpoint: learn who really holds the devices, correct the grant when
         the Allocate-time guess was wrong, check the grant, then have the pod's vcuda.sock served."""
         self._check_devices(req.resource, req.device_ids)
-        holder = await self.verify_identity(req.device_ids, reason="prestart")
-        alloc = self.state.find_by_devices(req.device_ids)
-        if alloc is None:
-            raise ServiceError(404, (
-                "PreStartContainer check failed, failed to get pod from deviceplugin checkpoint: no allocation "
-                f"holds these {len(req.device_ids)} {RESOURCE_VCORE} devices"
-            ))
-        pods = [p for p in await self._pods(PodsRequest(uid=alloc.pod_uid)) if is_active(p)]
-        if not pods:
-            pods = [p for p in await self._pods(PodsRequest(uid=alloc.pod_uid, fresh=True)) if is_active(p)]
-        if not pods:
+        # The kubelet's record (it may correct the grant) and the granted pod, asked together: the
+        # pod is looked up again only when a correction moved the grant to another pod.
+        guessed = self.state.find_by_devices(req.device_ids)
+        early = _Lookup(self._active_pod(guessed.pod_uid)) if guessed is not None else None
+        try:
+            holder = await self.verify_identity(req.device_ids, reason="prestart")
+            alloc = self.state.find_by_devices(req.device_ids)
+            if alloc is None:
+                raise ServiceError(404, (
+                    "PreStartContainer check failed, failed to get pod from deviceplugin checkpoint: no allocation "
+                    f"holds these {len(req.device_ids)} {RESOURCE_VCORE} devices"
+                ))
+            if early is not None and guessed is not None and guessed.pod_uid == alloc.pod_uid:
+                pod = await early.result()
+            else:
+                pod = await self._active_pod(alloc.pod_uid)
+        finally:
+            if early is not None:
+                early.drop()
+        if pod is None:
             raise ServiceError(404, f"PreStartContainer check failed, failed to get pod {alloc.pod_uid} in watchdog")
         # The memory limit comes from the pod spec (as in gpu-manager); the kubelet's vmemory count
         # normally equals it, but a kubelet that admitted the pod before vmemory was registered
         # holds none, which is worth a warning, not a failed pod.
-        problem = check_allocation(alloc, pods[0], cores=len(req.device_ids), vmemory=None)
+        problem = check_allocation(alloc, pod, cores=len(req.device_ids), vmemory=None)
         if holder is not None and holder.vmemory * MEMORY_BLOCK != alloc.memory:
             _logger.warning("the kubelet holds a different vmemory count than the pod spec asks for",
                          pod=f"{alloc.namespace}/{alloc.pod_name}", container=alloc.container,
@@ -418,6 +468,18 @@ class Allocator:
         self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True)
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
                              vcuda_socket=prepared.socket)
+
+    async def _active_pod(self, uid: str) -> Pod | None:
+        """The pod, while active: from our copy of the watchdog's notifications when it holds it
+        active (no request), else the watchdog's cache, else the API server through the watchdog."""
+        cached = self.pod_cache.pods.get(uid) if self.pod_cache is not None else None
+        if cached is not None and is_active(cached):
+            return cached
+        for fresh in (False, True):
+            pods = [p for p in await self._pods(PodsRequest(uid=uid, fresh=fresh)) if is_active(p)]
+            if pods:
+                return pods[0]
+        return None
 
     async def fail_pod(self, alloc: Allocation, message: str) -> None:
         """gpu-manager's ALLOCATE_FAIL: free the pod's GPUs and mark it Failed."""
@@ -536,18 +598,68 @@ def _reply(alloc: Allocation) -> AllocateReply:
                          pod_name=alloc.pod_name, container=alloc.container, response=alloc.response)
 
 
+def _with_fetched(pending: list[Pod], fetched: list[Pod]) -> list[Pod]:
+    """``pending`` (our copy of the notifications) and the pods fetched for this request that it
+    lacks: once a pod's notification is in, its copy is the newer one."""
+    if not fetched:
+        return pending
+    have = {p.uid for p in pending}
+    return pending + [p for p in fetched if p.uid not in have and p.status.phase == "Pending"]
+
+
+async def _news(cache: PodCache, since: int, fetch: asyncio.Task[list[Pod]], until: float) -> bool:
+    """Until ``cache`` changes after version ``since`` or ``fetch`` ends, whichever is first, before
+    the monotonic time ``until`` (a fetch still under way then is awaited: it has its own timeout).
+    False when neither brought anything (the time is up, the fetch was already in)."""
+    left = until - time.monotonic()
+    if fetch.done():
+        return left > 0 and await cache.wait_for_change(since, left)
+    changed = asyncio.create_task(cache.wait_for_change(since, max(left, 0.0)))
+    try:
+        await asyncio.wait({changed, fetch}, return_when=asyncio.FIRST_COMPLETED)
+        if not fetch.done() and not changed.result():
+            await asyncio.wait({fetch})
+    finally:
+        changed.cancel()
+    return True
+
+
+class _Lookup:
+    """A lookup started ahead of knowing whether its answer will be wanted: awaited with
+    ``result``, else dropped (cancelled, and a failure nobody asked for is not reported)."""
+
+    def __init__(self, lookup: Awaitable[Pod | None]) -> None:
+        self._task = asyncio.ensure_future(lookup)
+
+    async def result(self) -> Pod | None:
+        return await self._task
+
+    def drop(self) -> None:
+        if self._task.done():
+            if not self._task.cancelled():
+                self._task.exception()  # retrieved: an unwanted lookup's failure is no one's error
+        else:
+            self._task.cancel()
+
+
 class _KubeletView:
-    """The kubelet's pod-resources List for one Allocate: started on the first ``get``, shared after."""
+    """The kubelet's pod-resources List for one Allocate: started at receipt (or on the first
+    ``get``), shared after."""
 
     def __init__(self, fetch: Callable[[], Awaitable[KubeletRecord | None]]) -> None:
         self._fetch = fetch
         self._task: asyncio.Task[KubeletRecord | None] | None = None
 
-    async def get(self, timeout: float) -> KubeletRecord | None:
-        """The record, or None when the kubelet did not answer within ``timeout``."""
+    def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._fetch())
-        await asyncio.wait({self._task}, timeout=timeout)
+
+    async def get(self, timeout: float) -> KubeletRecord | None:
+        """The record, or None when the kubelet did not answer within ``timeout``."""
+        self.start()
+        assert self._task is not None
+        if not self._task.done():
+            await asyncio.wait({self._task}, timeout=timeout)
         return self._task.result() if self._task.done() and not self._task.cancelled() else None
 
     def cancel(self) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -189,6 +189,9 @@ class AllocatorMetrics(AllocatorObserver):
         self._append = Histogram("gpuledger_log_append_duration_seconds",
                                  "Appending events to the log (durable on return)",
                                  [], buckets=APPEND_BUCKETS, registry=self.registry)
+        self._found = Counter("gpuledger_allocate_pod_found",
+                              "Granted Allocates, by how their pod was found (notification, fetched, listed)",
+                              ["via"], registry=self.registry)
         hops = hop_histogram(self.registry)
         self._decide, self._append_fsync, self._reply = (hops.labels(hop=h) for h in ("decide", "append_fsync",
                                                                                       "reply"))
@@ -203,6 +206,9 @@ class AllocatorMetrics(AllocatorObserver):
 
     def append_done(self, seconds: float) -> None:
         self._append.observe(seconds)
+
+    def pod_found(self, via: str) -> None:
+        self._found.labels(via=via).inc()
 
 
 @asynccontextmanager

@@ -22,5 +22,10 @@ class AllocatorObserver:
         (pod lookup, matching, placement, response), ``append`` the durable append (fsync included),
         ``reply`` from the append's return to the reply handed to the bus (fold, encode, publish)."""
 
+    def pod_found(self, via: str) -> None:
+        """A granted Allocate's pod was found ``via`` "notification" (our copy of the watchdog's),
+        "fetched" (by name, the kubelet listing it before its notification came) or "listed" (the
+        watchdog's lists, once the short wait was over)."""
+
     def append_done(self, seconds: float) -> None:
         """Events were appended to the log in ``seconds`` (durable on return), or the append failed."""
