@@ -182,11 +182,13 @@ def join(node: tuple[str, ...], nats_url: str, fleet_credentials: str) -> None:
     """Source these nodes' streams into the fleet stream (one stream update for all of them)."""
     from libs.bus import Bus
     from libs.fleet.credentials import load_credentials, with_credentials
+    from libs.fleet.naming import HUB_INBOX
     from libs.fleet.stream import ensure_fleet_stream
 
     async def go() -> None:
         creds = load_credentials(fleet_credentials) if fleet_credentials else None
-        bus = await Bus.connect(with_credentials(nats_url, creds), name="fleet-join", node="fleet", wait=10)
+        bus = await Bus.connect(with_credentials(nats_url, creds), name="fleet-join", node="fleet", wait=10,
+                                inbox_prefix=HUB_INBOX)
         try:
             start = time.monotonic()
             info = await ensure_fleet_stream(bus.js, node)
@@ -258,11 +260,13 @@ async def _restore(node: str, state_dir: Any, nats_url: str, credentials: str, d
     from gpuledger.log_cmd import configured_response_settings
     from libs.bus import Bus
     from libs.fleet.credentials import load_credentials, with_credentials
+    from libs.fleet.naming import HUB_INBOX
     from libs.fleet.restore import read_node_records, restore_node
     from libs.fleet.witness_store import SqlWitnessStore
 
     creds = load_credentials(credentials) if credentials else None
-    bus = await Bus.connect(with_credentials(nats_url, creds), name="fleet-restore", node="fleet", wait=10)
+    bus = await Bus.connect(with_credentials(nats_url, creds), name="fleet-restore", node="fleet", wait=10,
+                            inbox_prefix=HUB_INBOX)
     try:
         copy = await read_node_records(bus.js, node)
     finally:

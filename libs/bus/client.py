@@ -65,13 +65,19 @@ class Bus:
         self.on_reconnect: list[Callable[[], None]] = []
 
     @classmethod
-    async def connect(cls, url: str, *, name: str, node: str, wait: float | None = None) -> Bus:
+    async def connect(cls, url: str, *, name: str, node: str, wait: float | None = None,
+                      inbox_prefix: str | None = None) -> Bus:
         """Connect, retrying while the server is not up; reconnect forever after.
 
         ``wait`` bounds the first connect (a CLI command fails with BusError after it); ``None`` (a
         service) keeps trying, logging each failed attempt, so the service starts when NATS comes up:
         its caller cancels the wait on a stop signal, and the half-open client is closed then too.
+
+        Replies to this connection's requests (and its JetStream API calls) come on subjects under
+        ``inbox_prefix``, by default the node's own (``_INBOX.<node token>``): in a fleet, a node's
+        user may receive only its own node's replies over the leaf link.
         """
+        subjects = Subjects(node)
         errors: list[str] = []
 
         nc = NatsClient()
@@ -118,6 +124,7 @@ class Bus:
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
+            inbox_prefix=inbox_prefix or subjects.inbox,
         )
         try:
             await (connecting if wait is None else asyncio.wait_for(connecting, wait))
@@ -133,7 +140,7 @@ class Bus:
             raise
         first_connect = False
         nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S  # reset to RECONNECT_FAST_S at a disconnect
-        bus = cls(nc, Subjects(node))
+        bus = cls(nc, subjects)
         bus.on_reconnect = reconnect_hooks
         return bus
 

@@ -55,6 +55,9 @@ class Subjects:
         self.prefix = f"gpuledger.{self.token}"
         # JetStream stream names may not hold '.', '*', '>' or path separators: the token has none.
         self.stream = f"GPULEDGER_{self.token}"
+        # The node's clients take their reply subjects under this prefix: in a fleet, the node's user
+        # may receive only these replies over its leaf link (never another node's or the hub's).
+        self.inbox = f"_INBOX.{self.token}"
 
     def _cmd(self, service: str, verb: str) -> str:
         return f"{self.prefix}.{service}.{verb}"

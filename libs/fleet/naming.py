@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from libs.events.subjects import Subjects
 
-__all__ = ["FLEET_ACCOUNT", "FLEET_DOMAIN", "FLEET_STREAM", "RECORDER_USER", "SOURCE_HEADER", "node_domain",
-           "node_user", "source_stream"]
+__all__ = ["FLEET_ACCOUNT", "FLEET_DOMAIN", "FLEET_STREAM", "HUB_INBOX", "RECORDER_USER", "SOURCE_HEADER",
+           "node_domain", "node_user", "source_stream"]
 
 FLEET_DOMAIN = "fleet"          # the central cluster's JetStream domain
 FLEET_STREAM = "FLEET"          # the one stream holding every node's committed events
 FLEET_ACCOUNT = "FLEET"         # the account the nodes and the recorder share in the central cluster
 RECORDER_USER = "recorder"
 SOURCE_HEADER = "Nats-Stream-Source"  # NATS's header on a sourced message: "<stream>[:<hash>] <seq> ..."
+# The inbox prefix of the central cluster's own clients (the recorder, `gpuledger fleet` commands). A
+# node's clients use ``_INBOX.<node token>`` (``Subjects.inbox``); a token is lower case and ``_XX``
+# escapes, so no node's prefix is this one and no node's user may receive the hub's replies.
+HUB_INBOX = "_INBOX.FLEET"
 
 
 def source_stream(header: str) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.events.subjects import Subjects
-from libs.fleet.naming import FLEET_ACCOUNT, FLEET_DOMAIN, RECORDER_USER, node_domain, node_user
+from libs.fleet.naming import FLEET_ACCOUNT, FLEET_DOMAIN, HUB_INBOX, RECORDER_USER, node_domain, node_user
 
 __all__ = ["HubServer", "NodeLogin", "hub_config", "leaf_config", "node_permissions"]
 
@@ -51,8 +51,16 @@ def node_permissions(node: str) -> dict[str, object]:
     heartbeats back. It may not receive another node's API requests or events, nor use the central
     JetStream API (which would let it read the fleet stream).
 
+    Replies cross the leaf link only to whom they are meant for. The node's clients take their reply
+    subjects under the node's own prefix (``_INBOX.<node token>``, applied by ``Bus.connect``), and the
+    node's user may subscribe only to that prefix: with ``_INBOX.>``, a client on the node's own broker
+    received the central cluster's API replies, the messages the recorder fetches from the fleet stream
+    and other nodes' replies (publish acks, cosignatures). The node answers requests from the central
+    cluster's own clients, whose inboxes are ``HUB_INBOX`` (the recorder probing the node's stream), so
+    it may publish there and to no other node's inbox.
+
     The node also asks the recorder, the witness, to cosign its checkpoints: it publishes its own
-    ``gpuledger.<node>.checkpoint`` and receives the reply on ``_INBOX.>``. For the recorder's queue
+    ``gpuledger.<node>.checkpoint`` and receives the reply on its own inbox. For the recorder's queue
     subscription ``gpuledger.*.checkpoint`` to reach a leaf link at all, the node must be allowed to
     subscribe to its own checkpoint subject (NATS checks a wildcard interest sent over a leaf link
     against the allow list in reverse) and no deny may cover it, so the deny list does not name
@@ -60,14 +68,16 @@ def node_permissions(node: str) -> dict[str, object]:
     own checkpoint subject (the allow list), and a subscription to every ``gpuledger`` subject made on the
     node's own broker brings no other node's events over the leaf link (``tests/fleet/test_security.py``
     shows both)."""
-    token = Subjects(node).token
+    subjects = Subjects(node)
+    token = subjects.token
     domain = node_domain(node)
     return {
         "publish": {
-            "allow": [f"gpuledger.{token}.>", "$JS.S.>", "$JSC.R.>", "_INBOX.>", "$JS.FC.>", f"$JS.{domain}.>"],
+            "allow": [f"gpuledger.{token}.>", "$JS.S.>", "$JSC.R.>", f"{HUB_INBOX}.>", "$JS.FC.>",
+                      f"$JS.{domain}.>"],
         },
         "subscribe": {
-            "allow": [f"$JS.{domain}.API.>", "$JS.FC.>", "_INBOX.>", "$JS.ACK.>",
+            "allow": [f"$JS.{domain}.API.>", "$JS.FC.>", f"{subjects.inbox}.>", "$JS.ACK.>",
                       f"gpuledger.{token}.checkpoint"],
             "deny": ["$JS.API.>", f"$JS.{FLEET_DOMAIN}.API.>"],
         },

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, create_engine
 from libs.bus import Bus
 from libs.config import Settings
 from libs.fleet.credentials import load_credentials, with_credentials
+from libs.fleet.naming import HUB_INBOX
 from libs.logger import get_logger
 from libs.runtime import Supervisor
 from services.fleet.ingest import FleetIngest
@@ -47,7 +48,8 @@ def open_engine(url: str) -> Engine:
 async def service(settings: Settings, *, source_interval: float = 1.0) -> AsyncIterator[FleetService]:
     async with AsyncExitStack() as stack:
         creds = load_credentials(settings.fleet_credentials) if settings.fleet_credentials else None
-        bus = await Bus.connect(with_credentials(settings.nats_url, creds), name="fleet-recorder", node="fleet")
+        bus = await Bus.connect(with_credentials(settings.nats_url, creds), name="fleet-recorder", node="fleet",
+                                inbox_prefix=HUB_INBOX)
         stack.push_async_callback(bus.close)
         engine = open_engine(settings.fleet_db_url)
         stack.callback(engine.dispose)

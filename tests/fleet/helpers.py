@@ -21,7 +21,7 @@ from libs.events import (
     GpuShare,
     InventoryRecorded,
 )
-from libs.fleet.naming import FLEET_DOMAIN, RECORDER_USER, node_user
+from libs.fleet.naming import FLEET_DOMAIN, HUB_INBOX, RECORDER_USER, node_user
 from libs.fleet.natsconf import HubServer, NodeLogin, hub_config, leaf_config
 from libs.store import EventLog
 from libs.witness.files import NodeFiles, load_or_create_key
@@ -99,7 +99,8 @@ class HubCluster:
         return [f"nats://127.0.0.1:{s.leaf_port}" for s in self.specs]
 
     async def recorder_bus(self, wait: float = 10.0) -> Bus:
-        return await Bus.connect(self.client_urls(), name="fleet-test", node="fleet", wait=wait)
+        return await Bus.connect(self.client_urls(), name="fleet-test", node="fleet", wait=wait,
+                                 inbox_prefix=HUB_INBOX)
 
     def leaf_links(self) -> dict[str, str]:
         """Which central server (name) holds each leaf node's link (the leaf's server name), from the

@@ -10,8 +10,10 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import msgspec
+import nats
 import nats.errors
 import pytest
+from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
 from libs.bus import Bus
@@ -19,12 +21,21 @@ from libs.config import Settings
 from libs.errors import BusError
 from libs.events import InventoryRecorded, Subjects
 from libs.events.codec import StoredEvent, to_record
-from libs.fleet.naming import FLEET_STREAM, node_user
+from libs.fleet.naming import FLEET_STREAM, HUB_INBOX, node_domain, node_user
 from libs.fleet.stream import ensure_fleet_stream
 from libs.witness import AddCheckpoint, WitnessReply
 from libs.witness.node import checkpoint_subject
 from services.fleet.app import service
-from tests.fleet.helpers import HubCluster, free_ports, gpus_of, recorder_settings, start_fleet_node
+from tests.fleet.helpers import (
+    HubCluster,
+    LeafBroker,
+    cosigned_now,
+    free_ports,
+    gpus_of,
+    node_checkpointer,
+    recorder_settings,
+    start_fleet_node,
+)
 from tests.polling import eventually
 
 
@@ -209,5 +220,49 @@ async def test_a_nodes_broker_receives_no_other_nodes_sourced_events_or_replies(
 
         await eventually(all_in, timeout=30, interval=0.2, what="both nodes' events in the fleet stream")
         await asyncio.sleep(0.5)
-        # (the central cluster's API replies on _INBOX.> still reach it: per-user inbox prefixes are to do)
+        # (no reply meant for beta or the hub reaches it either: the next test)
         assert not [m for m in seen if "GPU-beta" in m], [m[:200] for m in seen if "GPU-beta" in m][:3]
+
+
+async def test_a_nodes_broker_receives_no_reply_meant_for_another_node_or_the_hub(
+        hub: HubCluster, short_dir: Path) -> None:
+    """Replies cross the leaf link only to the node that asked: a listener on alpha's broker to every
+    inbox (``_INBOX.>``) and to beta's own (``_INBOX.beta.>``) receives none of beta's cosignatures,
+    none of the recorder's JetStream traffic (API replies, the fleet stream's events it fetches), while
+    beta's checkpoints are cosigned and the recorder reads beta's stream over beta's leaf link."""
+    alpha = LeafBroker("alpha", short_dir / "a", hub)  # a broker only: nothing of alpha's own asks anything
+    await alpha.start()
+    beta = await start_fleet_node(hub, short_dir / "b", "beta")
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(alpha.stop)
+        stack.push_async_callback(beta.broker.stop)
+        stack.push_async_callback(beta.ledger.stop)
+        # a plain client, as an intruder on alpha's broker would use: every message counts, empty ones too
+        local = await nats.connect(alpha.url, name="listener")
+        stack.push_async_callback(local.close)
+        seen: list[str] = []
+
+        async def on_any(msg: Msg) -> None:
+            seen.append(f"{msg.subject}: {msg.data[:200]!r}")
+
+        for subject in ("_INBOX.>", f"{Subjects('beta').inbox}.>", f"{HUB_INBOX}.>"):
+            await local.subscribe(subject, cb=on_any)
+        await local.flush()
+        recorder = await hub.recorder_bus()
+        stack.push_async_callback(recorder.close)
+        await ensure_fleet_stream(recorder.js, ["beta"])
+        svc = await stack.enter_async_context(service(recorder_settings(hub, short_dir / "rec")))
+        cp = await node_checkpointer(beta.ledger)
+        for size in (2, 3, 4):
+            await beta.ledger.grant()
+            await cosigned_now(cp, size)  # beta's request crossed its leaf link and the reply came back
+        assert svc.desk.cosigned >= 3
+        # the recorder reaches beta's own JetStream over the leaf link (its probe of an unserved source)
+        info = await recorder.js_domain(node_domain("beta"), timeout=5).stream_info(Subjects("beta").stream)
+        assert info.state.messages == 4
+        await eventually(lambda: svc.projection.folds.get("beta") is not None
+                         and svc.projection.folds["beta"].last_seq == 4,
+                         timeout=30, interval=0.2, what="beta's events fetched by the recorder")
+        await local.flush()
+        await asyncio.sleep(0.5)
+        assert seen == [], seen[:5]

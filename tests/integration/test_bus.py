@@ -8,6 +8,7 @@ import asyncio
 import msgspec
 import nats
 import structlog
+from nats.aio.msg import Msg
 
 from libs.bus import Bus, NatsServer
 from libs.commands import PodChanged
@@ -97,3 +98,27 @@ async def test_the_bus_reports_its_connection(nats_server: NatsServer) -> None:
     await bus.close()
     assert bus.is_closed
     await bus.close()  # a second close is harmless
+
+
+async def test_replies_come_under_the_nodes_own_inbox_prefix(nats_server: NatsServer) -> None:
+    """A request's reply subject is under ``_INBOX.<node token>`` (what a fleet node's user may receive
+    over its leaf link), or under the prefix the caller names (the central cluster's clients)."""
+    responder = await nats.connect(nats_server.url, name="responder")  # a plain client: says where it replies
+
+    async def echo_reply_subject(msg: Msg) -> None:
+        await msg.respond(msgspec.json.encode({"reply": msg.reply}))
+
+    await responder.subscribe("who", cb=echo_reply_subject)
+    await responder.flush()
+    node_bus = await Bus.connect(nats_server.url, name="t", node="node.a")
+    hub_bus = await Bus.connect(nats_server.url, name="t", node="node.a", inbox_prefix="_INBOX.FLEET")
+    try:
+        assert node_bus.subjects.inbox == "_INBOX.node_2Ea"
+        mine = await node_bus.request("who", {}, dict, timeout=5)
+        theirs = await hub_bus.request("who", {}, dict, timeout=5)
+    finally:
+        await node_bus.close()
+        await hub_bus.close()
+        await responder.close()
+    assert mine["reply"].startswith("_INBOX.node_2Ea.") and len(mine["reply"].split(".")) == 4, mine
+    assert theirs["reply"].startswith("_INBOX.FLEET."), theirs
