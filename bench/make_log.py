@@ -33,8 +33,9 @@ from libs.events.schema import (
 from libs.placement.recorded import ResponseSettings
 from libs.placement.responses import build_response
 from libs.store.compact import settings_row
+from libs.store.layout import layout_of
 from libs.store.log import create_schema
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
+from libs.store.rows import GENESIS_HASH, chain_hash, event_row
 
 __all__ = ["GPUS", "SETTINGS", "START_NS", "synthetic", "write_log"]
 
@@ -43,7 +44,6 @@ GIB = 1 << 30
 START_NS = 1_790_000_000_000_000_000  # 2026-09-21: a fixed start, so two runs give the same times
 # The response settings the synthetic grants are built with (what the allocator records in meta).
 SETTINGS = ResponseSettings(vm_root="/var/lib/gpuledger/vm", vdriver_root="/var/lib/gpuledger/vdriver")
-_INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 def synthetic(count: int, *, node: str = "bench") -> Iterator[Event]:
@@ -81,6 +81,7 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
     create_schema(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous=OFF")
+    layout = layout_of(conn)
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", settings_row(SETTINGS))
     seq, at, prev = 0, START_NS, GENESIS_HASH
     last = conn.execute("SELECT seq, recorded_at, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
@@ -93,7 +94,7 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
 
     def flush() -> None:
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(_INSERT, rows)
+        layout.insert(conn, rows)
         conn.execute("COMMIT")
         rows.clear()
         if progress:
@@ -106,7 +107,7 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
         stream = ev.stream()
         known = versions.get(stream)
         if known is None and last:  # continuing a log: the stream may already have events
-            known = conn.execute("SELECT MAX(version) FROM events WHERE stream_id = ?", (stream,)).fetchone()[0]
+            known = layout.stream_version(conn, stream)
         version = (known or 0) + 1
         versions[stream] = version
         if isinstance(ev, AllocationReleased):

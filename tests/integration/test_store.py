@@ -49,12 +49,17 @@ async def test_sqlite_refuses_edits_gaps_and_time_travel(event_log: EventLog) ->
     await event_log.append([released(1), released(2)])
     conn = sqlite3.connect(event_log.path)
     for sql, text in [
-        ("UPDATE events SET type = 'x' WHERE seq = 1", "append-only"),
-        ("DELETE FROM events WHERE seq = 2", "append-only"),
-        ("INSERT INTO events SELECT seq + 5, stream_id, version + 5, type, schema_v, randomblob(16), NULL, "
-         "recorded_at, payload, hash FROM events WHERE seq = 2", "max\\(seq\\) \\+ 1"),
-        ("INSERT INTO events SELECT seq + 1, stream_id, version + 5, type, schema_v, randomblob(16), NULL, "
-         "recorded_at - 1, payload, hash FROM events WHERE seq = 2", "backwards"),
+        ("UPDATE rows SET type = 7 WHERE seq = 1", "append-only"),
+        ("DELETE FROM rows WHERE seq = 2", "append-only"),
+        ("UPDATE types SET name = 'x'", "append-only"),
+        ("DELETE FROM types", "append-only"),
+        ("INSERT INTO rows SELECT seq + 5, recorded_at, stream, version + 5, type, schema_v, randomblob(16), NULL, "
+         "payload, hash FROM rows WHERE seq = 2", "max\\(seq\\) \\+ 1"),
+        ("INSERT INTO rows SELECT seq + 1, recorded_at - 1, stream, version + 5, type, schema_v, randomblob(16), "
+         "NULL, payload, hash FROM rows WHERE seq = 2", "backwards"),
+        ("INSERT INTO rows SELECT seq + 1, recorded_at, stream, version, type, schema_v, randomblob(16), "
+         "NULL, payload, hash FROM rows WHERE seq = 2", "UNIQUE"),  # one event per version of a stream
+        ("UPDATE events SET type = 'x' WHERE seq = 1", "view"),  # what readers see is not a table
     ]:
         with pytest.raises(sqlite3.DatabaseError, match=text):
             conn.execute(sql)
@@ -124,8 +129,8 @@ async def test_a_corrupt_payload_is_reported_with_its_seq(tmp_path: Path) -> Non
     await event_log.close()
     conn = sqlite3.connect(path)
     conn.execute("DROP TRIGGER events_dense_seq")  # a damaged file, written by something that is not us
-    conn.execute("INSERT INTO events VALUES (2, 's', 1, 'alloc.released', 1, randomblob(16), NULL, "
-                 "(SELECT recorded_at FROM events WHERE seq = 1), x'c1c1c1', x'00')")
+    conn.execute("INSERT INTO rows VALUES (2, (SELECT recorded_at FROM rows WHERE seq = 1), 's', 1, "
+                 "(SELECT id FROM types WHERE name = 'alloc.released'), 1, randomblob(16), NULL, x'c1c1c1', x'00')")
     conn.commit()
     conn.close()
     with pytest.raises(CorruptLog, match="seq=2"):
