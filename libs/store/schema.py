@@ -18,7 +18,8 @@ from sqlalchemy import Column, Integer, LargeBinary, MetaData, Table, Text
 
 from libs.store.format import LOG_FORMAT_VERSION
 
-__all__ = ["FORMAT_2_DDL", "LOG_FORMAT_VERSION", "archive_segments", "archive_triggers", "meta", "metadata"]
+__all__ = ["FORMAT_1_DDL", "FORMAT_2_DDL", "LOG_FORMAT_VERSION", "archive_segments", "archive_triggers", "meta",
+           "metadata"]
 
 metadata = MetaData()
 
@@ -120,4 +121,17 @@ FORMAT_2_DDL = (
     """CREATE TRIGGER IF NOT EXISTS types_no_delete BEFORE DELETE ON types
        BEGIN SELECT RAISE(ABORT, 'types is append-only: DELETE refused'); END""",
     *(ddl.replace("{t}", "rows") for ddl in _ROW_TRIGGERS),
+)
+
+# Format 1, as every release before format 2 created it (a format 1 log is still read and appended to;
+# bench/log_size.py writes one to compare the two).
+FORMAT_1_DDL = (
+    """CREATE TABLE events (seq INTEGER NOT NULL, stream_id TEXT NOT NULL, version INTEGER NOT NULL,
+       type TEXT NOT NULL, schema_v INTEGER NOT NULL, event_id BLOB NOT NULL, command_id TEXT,
+       recorded_at INTEGER NOT NULL, payload BLOB NOT NULL, hash BLOB NOT NULL, PRIMARY KEY (seq),
+       UNIQUE (stream_id, version), UNIQUE (event_id)) STRICT""",
+    "CREATE INDEX events_command ON events (command_id) WHERE command_id IS NOT NULL",
+    "CREATE INDEX events_time ON events (recorded_at)",
+    """CREATE TABLE meta ("key" TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY ("key")) STRICT""",
+    *(ddl.replace("{t}", "events") for ddl in _ROW_TRIGGERS),
 )
