@@ -11,9 +11,11 @@ import pytest
 from libs.errors import CorruptLog, StoreError
 from libs.events.schema import AllocationReleased
 from libs.ledger.state import LedgerState
-from libs.store import EventLog, open_reader, replay, seq_at_time
+from libs.store import EventLog, iter_events, open_reader, replay, seq_at_time
 from libs.store.rows import GENESIS_HASH, chain_hash
+from libs.store.verify import verify_log
 from libs.store.writer import LogWriter
+from tests.builders.format1 import write_format1_log
 
 
 def released(i: int, pod: str = "p") -> AllocationReleased:
@@ -170,3 +172,35 @@ async def test_each_commit_hands_its_new_events_over_once(event_log: EventLog) -
     await asyncio.wait_for(caught_up.wait(), 5)  # the hand-over runs on the loop right after each commit
     assert handed == list(range(1, event_log.last_seq + 1))
     assert event_log.last_seq == 5
+
+
+async def test_a_format_1_log_is_read_and_appended_in_its_own_format(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    write_format1_log(path, [released(1), released(2)])
+    before = verify_log(path)
+    event_log = await EventLog.open(path)
+    try:
+        stored = await event_log.append([released(3), released(1)])
+    finally:
+        await event_log.close()
+    assert [(e.seq, e.version) for e in stored] == [(3, 3), (4, 4)]  # the stream continues (found by its text)
+    conn = sqlite3.connect(path)
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "rows" not in tables and conn.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 4
+    conn.close()
+    after = verify_log(path)
+    assert before.ok and after.ok and after.last_seq == 4
+    assert [e.seq for e in iter_events(open_reader(path))] == [1, 2, 3, 4]
+
+
+async def test_a_format_2_row_reads_back_as_it_was_hashed(event_log: EventLog) -> None:
+    uid = "0a1b2c3d-0000-4000-8000-00000000abcd"
+    stored = await event_log.append([AllocationReleased(alloc_id="a", pod_uid=uid, container="c", reason="deleted"),
+                                     AllocationReleased(alloc_id="b", pod_uid="not-a-uuid", container="c",
+                                                        reason="deleted")])
+    conn = sqlite3.connect(event_log.path)
+    keys = [k for (k,) in conn.execute("SELECT stream FROM rows ORDER BY seq")]
+    assert keys == [b"\x01" + bytes.fromhex(uid.replace("-", "")), "pod:not-a-uuid"]
+    conn.close()
+    assert [e.stream_id for e in iter_events(open_reader(event_log.path))] == [e.stream_id for e in stored]
+    assert verify_log(event_log.path).ok  # the hashes of the rows as the view gives them back
