@@ -30,16 +30,13 @@ from typing import Any
 
 from bench.allocate_rtt import free_base_port
 from bench.kubelet_driver import NAMESPACE, run_pod
-from bench.make_log import synthetic, write_log
+from bench.make_log import as_format_1, synthetic, write_log
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
 from libs.logger import configure_logging
-from libs.store.layout import Layout
 from libs.store.log import create_schema
-from libs.store.rows import COLUMNS
-from libs.store.schema import FORMAT_1_DDL
 from simulator import NodeSimulator, SimConfig
 
 NODE = "log-size"
@@ -116,26 +113,6 @@ def used_bytes(path: Path) -> int:
         return int((pages - free) * size)
     finally:
         conn.close()
-
-
-def as_format_1(path: Path, out: Path, *, upto: int | None = None) -> None:
-    """The rows of the log at ``path`` (up to seq ``upto``) in a new file of format 1 (its schema, its indexes)."""
-    src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    dst = sqlite3.connect(out, isolation_level=None)
-    try:
-        for ddl in FORMAT_1_DDL:
-            dst.execute(ddl)
-        dst.execute("BEGIN")
-        dst.executemany("INSERT INTO meta VALUES (?, ?)",
-                        [(k, "1" if k == "format" else v) for k, v in src.execute("SELECT key, value FROM meta")])
-        cur = src.execute(f"SELECT {COLUMNS}, hash FROM events WHERE seq <= ? ORDER BY seq",
-                          (upto if upto is not None else 1 << 62,))
-        while chunk := cur.fetchmany(5_000):
-            Layout("1").insert(dst, chunk)
-        dst.execute("COMMIT")
-    finally:
-        src.close()
-        dst.close()
 
 
 def measure(name: str, path: Path) -> dict[str, object]:

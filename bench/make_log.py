@@ -33,11 +33,12 @@ from libs.events.schema import (
 from libs.placement.recorded import ResponseSettings
 from libs.placement.responses import build_response
 from libs.store.compact import settings_row
-from libs.store.layout import layout_of
+from libs.store.layout import Layout, layout_of
 from libs.store.log import create_schema
-from libs.store.rows import GENESIS_HASH, chain_hash, event_row
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
+from libs.store.schema import FORMAT_1_DDL
 
-__all__ = ["GPUS", "SETTINGS", "START_NS", "synthetic", "write_log"]
+__all__ = ["GPUS", "SETTINGS", "START_NS", "as_format_1", "synthetic", "write_log"]
 
 GPUS = 8
 GIB = 1 << 30
@@ -122,6 +123,26 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
         flush()
     conn.close()
     return seq
+
+
+def as_format_1(path: Path, out: Path, *, upto: int | None = None) -> None:
+    """The rows of the log at ``path`` (up to seq ``upto``) in a new file of format 1 (its schema, its indexes)."""
+    src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    dst = sqlite3.connect(out, isolation_level=None)
+    try:
+        for ddl in FORMAT_1_DDL:
+            dst.execute(ddl)
+        dst.execute("BEGIN")
+        dst.executemany("INSERT INTO meta VALUES (?, ?)",
+                        [(k, "1" if k == "format" else v) for k, v in src.execute("SELECT key, value FROM meta")])
+        cur = src.execute(f"SELECT {COLUMNS}, hash FROM events WHERE seq <= ? ORDER BY seq",
+                          (upto if upto is not None else 1 << 62,))
+        while chunk := cur.fetchmany(5_000):
+            Layout("1").insert(dst, chunk)
+        dst.execute("COMMIT")
+    finally:
+        src.close()
+        dst.close()
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ import msgspec
 from libs.errors import StoreError
 from libs.logger import get_logger
 from libs.store.compact import SETTINGS_PREFIX
-from libs.store.layout import layout_of
+from libs.store.layout import layout_of, spell_streams
 from libs.store.rows import COLUMNS, GENESIS_HASH
 
 __all__ = [
@@ -200,9 +200,13 @@ def write_segment(log_path: Path, conn: sqlite3.Connection, first: int, last: in
             for ddl in _SEGMENT_DDL:
                 seg.execute(ddl)
             seg.execute("BEGIN")
-            rows = conn.execute(f"SELECT {ROW_COLUMNS} FROM main.events WHERE seq BETWEEN ? AND ? ORDER BY seq",
+            layout = layout_of(conn)
+            listed, fix = layout.select(conn, ROW_COLUMNS)  # the table itself, spelled as the view spells it
+            rows = conn.execute(f"SELECT {listed} FROM main.{layout.table} WHERE seq BETWEEN ? AND ? ORDER BY seq",
                                 (first, last))
             while chunk := rows.fetchmany(2_000):
+                if fix is not None:
+                    spell_streams(chunk, fix)
                 seg.executemany(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", chunk)
             got, first_at, last_at, last_hash = seg.execute(
                 "SELECT COUNT(*), MIN(recorded_at), MAX(recorded_at), "

@@ -24,7 +24,7 @@ _pack = msgspec.msgpack.Encoder().encode
 
 def chain_hash(prev: bytes, row: Sequence[Any]) -> bytes:
     """sha256(prev || msgpack(row)) where row is the tuple of COLUMNS, in that order."""
-    return hashlib.sha256(prev + _pack(tuple(row))).digest()
+    return hashlib.sha256(prev + _pack(row if type(row) in (tuple, list) else tuple(row))).digest()
 
 
 def event_row(

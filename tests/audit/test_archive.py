@@ -37,7 +37,7 @@ replay_module = importlib.import_module("libs.store.replay")  # the module (the 
 def _rows(path: Path) -> list[tuple[object, ...]]:
     conn = open_reader(path)
     try:
-        return list(iter_rows(conn, "seq, recorded_at, stream_id, version, type, payload, hash"))
+        return [tuple(r) for r in iter_rows(conn, "seq, recorded_at, stream_id, version, type, payload, hash")]
     finally:
         conn.close()
 

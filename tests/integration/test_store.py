@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from libs.errors import CorruptLog, StoreError
-from libs.events.schema import AllocationReleased
+from libs.events.schema import AllocationReleased, InventoryRecorded
 from libs.ledger.state import LedgerState
 from libs.store import EventLog, iter_events, open_reader, replay, seq_at_time
-from libs.store.rows import GENESIS_HASH, chain_hash
+from libs.store.replay import iter_rows
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash
 from libs.store.verify import verify_log
 from libs.store.writer import LogWriter
 from tests.builders.format1 import write_format1_log
@@ -191,6 +192,12 @@ async def test_a_format_1_log_is_read_and_appended_in_its_own_format(tmp_path: P
     after = verify_log(path)
     assert before.ok and after.ok and after.last_seq == 4
     assert [e.seq for e in iter_events(open_reader(path))] == [1, 2, 3, 4]
+    reopened = await EventLog.open(path)
+    try:  # the outbox relay's read, in format 1
+        assert [(e.seq, e.stream_id, e.event) for e in await reopened.read_after(1)] == [
+            (2, "pod:p", released(2)), *((e.seq, e.stream_id, e.event) for e in stored)]
+    finally:
+        await reopened.close()
 
 
 async def test_a_format_2_row_reads_back_as_it_was_hashed(event_log: EventLog) -> None:
@@ -204,3 +211,20 @@ async def test_a_format_2_row_reads_back_as_it_was_hashed(event_log: EventLog) -
     conn.close()
     assert [e.stream_id for e in iter_events(open_reader(event_log.path))] == [e.stream_id for e in stored]
     assert verify_log(event_log.path).ok  # the hashes of the rows as the view gives them back
+
+
+async def test_the_scans_read_the_rows_as_the_view_gives_them(event_log: EventLog) -> None:
+    """Replay, verify, the witness and the relay read format 2's table itself, not the view: the same rows."""
+    uid = "0a1b2c3d-0000-4000-8000-00000000abcd"
+    await event_log.append([released(1, uid), released(2, "not-a-uuid")])
+    relayed = await event_log.read_after(0)  # the relay now knows the types of these rows
+    await event_log.append([InventoryRecorded(node="n", backend="fake", gpus=()), released(3, uid)])  # a new type
+    conn = sqlite3.connect(event_log.path)
+    viewed = conn.execute(f"SELECT {COLUMNS}, hash FROM events ORDER BY seq").fetchall()
+    conn.close()
+    assert [tuple(r) for r in iter_rows(open_reader(event_log.path), f"{COLUMNS}, hash")] == viewed
+    assert [tuple(r) for r in iter_rows(open_reader(event_log.path), "type, seq, stream_id")] == [
+        (r[4], r[0], r[2]) for r in viewed]
+    relayed += await event_log.read_after(2)
+    assert [(e.seq, e.stream_id, e.event.__struct_config__.tag, e.row_hash) for e in relayed] == [
+        (r[0], r[2], r[4], r[9].hex()) for r in viewed]
