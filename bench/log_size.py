@@ -8,9 +8,9 @@ Two logs are measured:
 - the benchmark mix (``bench.make_log``: one inventory, then grants and releases, 2:1).
 
 Each is measured as written (format 2) and as format 1 would store the same rows (every row copied
-into a file with format 1's schema: the bytes the previous release wrote for the same events, since
-the bodies are the same). Size = the SQLite file's pages in use after a checkpoint, less those of an
-empty log of the same format, over the events.
+into a file with format 1's schema and its bodies, version 2 (``bench.make_log.as_format_1``): the bytes
+the release before format 2 wrote for the same events). Size = the SQLite file's pages in use after a
+checkpoint, less those of an empty log of the same format, over the events.
 
     python -m bench.log_size [--pods 300] [--events 100000] [--json OUT]
 """

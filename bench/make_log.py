@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+
 from libs.events.schema import (
     AllocationGranted,
     AllocationReleased,
@@ -32,10 +34,10 @@ from libs.events.schema import (
 )
 from libs.placement.recorded import ResponseSettings
 from libs.placement.responses import build_response
-from libs.store.compact import settings_row
+from libs.store.compact import COMPACT_V, COMPACT_V2, SETTINGS_PREFIX, decode_compact, settings_row
 from libs.store.layout import Layout, layout_of
 from libs.store.log import create_schema
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
 from libs.store.schema import FORMAT_1_DDL
 
 __all__ = ["GPUS", "SETTINGS", "START_NS", "as_format_1", "synthetic", "write_log"]
@@ -126,19 +128,31 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
 
 
 def as_format_1(path: Path, out: Path, *, upto: int | None = None) -> None:
-    """The rows of the log at ``path`` (up to seq ``upto``) in a new file of format 1 (its schema, its indexes)."""
+    """The events of the log at ``path`` (up to seq ``upto``) in a new file as the release before log format 2
+    wrote them: format 1's schema and indexes, compact bodies of version 2 (releases whole), each row hashed
+    in its own chain."""
     src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     dst = sqlite3.connect(out, isolation_level=None)
     try:
         for ddl in FORMAT_1_DDL:
             dst.execute(ddl)
         dst.execute("BEGIN")
-        dst.executemany("INSERT INTO meta VALUES (?, ?)",
-                        [(k, "1" if k == "format" else v) for k, v in src.execute("SELECT key, value FROM meta")])
-        cur = src.execute(f"SELECT {COLUMNS}, hash FROM events WHERE seq <= ? ORDER BY seq",
+        meta = src.execute("SELECT key, value FROM meta").fetchall()
+        dst.executemany("INSERT INTO meta VALUES (?, ?)", [(k, "1" if k == "format" else v) for k, v in meta])
+        recorded = {s.digest: s for k, v in meta if k.startswith(SETTINGS_PREFIX)
+                    for s in [msgspec.json.decode(v, type=ResponseSettings)]}
+        cur = src.execute(f"SELECT {COLUMNS} FROM events WHERE seq <= ? ORDER BY seq",
                           (upto if upto is not None else 1 << 62,))
+        prev = GENESIS_HASH
         while chunk := cur.fetchmany(5_000):
-            Layout("1").insert(dst, chunk)
+            rows = []
+            for row in chunk:
+                stored = row_to_stored(row, src)
+                named = getattr(decode_compact(row[4], row[5], row[8]), "settings", b"") if row[5] == COMPACT_V else b""
+                old = event_row(*row[:4], stored.event, row[6], row[7], recorded.get(named), COMPACT_V2)
+                prev = chain_hash(prev, old)
+                rows.append((*old, prev))
+            Layout("1").insert(dst, rows)
         dst.execute("COMMIT")
     finally:
         src.close()

@@ -9,9 +9,9 @@ releases, 2:1) is read back, best of ``--runs`` runs each (warm page cache), in 
   allocator does at start when it has no valid snapshot);
 - chain verification (``gpuledger audit verify``): every row re-hashed.
 
-Each is measured on the log as written (format 2, libs/store/layout.py) and on the same rows in a file
-of format 1 (``--formats``; the row format before format 2), the runs of the two alternating, so both
-see the same machine and load.
+Each is measured on the log as written (format 2, libs/store/layout.py, body version 3) and on the same
+events as the release before format 2 stored them (``--formats``: format 1, body version 2,
+``bench.make_log.as_format_1``), the runs of the two alternating, so both see the same machine and load.
 
     python -m bench.replay [--events 1000000] [--log PATH (reuse a log written by bench.make_log)]
                            [--formats 1,2]
