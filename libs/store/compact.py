@@ -114,7 +114,8 @@ class _Corrected(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defau
 
 
 # Version 3: arrays. The first fields of each are those of its narrow view (libs/ledger/views.py: GrantView,
-# ImportView, CorrectionView, ReleaseView), in the view's order (a test checks it); then the rest.
+# ImportView, CorrectionView, ReleaseView), in the view's order (a test checks it); then the rest, the
+# rarely set last: trailing fields at their default are not written (``_array``), a reader fills them in.
 class _Grant3(msgspec.Struct, frozen=True, gc=False, array_like=True):
     alloc_id: str
     request_id: str
@@ -127,14 +128,14 @@ class _Grant3(msgspec.Struct, frozen=True, gc=False, array_like=True):
     shares: tuple[GpuShare, ...]
     init_container: bool = False
     core_limit: int | None = None
-    container_index: int = 0
     ids: tuple[int, ...] = ()
+    settings: bytes = b""
+    container_index: int = 0
     bits: bytes = b""
     perm: bytes | tuple[int, ...] = b""
-    device_ids: tuple[str, ...] = ()
-    settings: bytes = b""
     compat32: bool = False
     cache: str = ""
+    device_ids: tuple[str, ...] = ()
     response: ContainerResponse | None = None
 
 
@@ -151,14 +152,14 @@ class _Imported3(msgspec.Struct, frozen=True, gc=False, array_like=True):
     init_container: bool = False
     core_limit: int | None = None
     source: str = ""
-    container_index: int = 0
     ids: tuple[int, ...] = ()
+    settings: bytes = b""
+    container_index: int = 0
     bits: bytes = b""
     perm: bytes | tuple[int, ...] = b""
-    device_ids: tuple[str, ...] = ()
-    settings: bytes = b""
     compat32: bool = False
     cache: str = ""
+    device_ids: tuple[str, ...] = ()
     response: ContainerResponse | None = None
 
 
@@ -175,8 +176,8 @@ class _Corrected3(msgspec.Struct, frozen=True, gc=False, array_like=True):
     init_container: bool = False
     core_limit: int | None = None
     reason: str = "pod-resources"
-    container_index: int = 0
     settings: bytes = b""
+    container_index: int = 0
     compat32: bool = False
     cache: str = ""
     response: ContainerResponse | None = None
@@ -200,6 +201,7 @@ BODIES_3: dict[str, type[msgspec.Struct]] = {"alloc.granted": _Grant3, "alloc.im
                                              "alloc.corrected": _Corrected3, "alloc.released": _Released3}
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(_Grant | _Imported | _Corrected).decode
+_DEFAULTS_3 = {cls: tuple(f.default for f in msgspec.structs.fields(cls)) for cls in BODIES_3.values()}
 _DECODE_3 = {name: msgspec.msgpack.Decoder(cls).decode for name, cls in BODIES_3.items()}
 
 # --- kubelet device IDs ---
@@ -332,14 +334,26 @@ def compact_body(event: Event, settings: ResponseSettings | None, version: int =
     tag = type(event).__struct_config__.tag
     if tag not in (COMPACT_TYPES if version == COMPACT_V else COMPACT_V2_TYPES):
         return None
+    body: msgspec.Struct
     if isinstance(event, AllocationGranted):
-        return _encode(_grant_body(event, settings, version))
-    if isinstance(event, AllocationCorrected):
-        return _encode(_corrected_body(event, settings, version))
-    if isinstance(event, AllocationReleased):
-        return _encode(_Released3(alloc_id=event.alloc_id, pod_uid=event.pod_uid, container=event.container,
-                                  reason=event.reason))
-    return None
+        body = _grant_body(event, settings, version)
+    elif isinstance(event, AllocationCorrected):
+        body = _corrected_body(event, settings, version)
+    elif isinstance(event, AllocationReleased):
+        body = _Released3(alloc_id=event.alloc_id, pod_uid=event.pod_uid, container=event.container,
+                          reason=event.reason)
+    else:
+        return None
+    return _encode(_array(body) if version == COMPACT_V else body)
+
+
+def _array(body: msgspec.Struct) -> tuple[object, ...]:
+    """A version 3 body's fields without the trailing ones at their default (decoding gives them back)."""
+    values, defaults = msgspec.structs.astuple(body), _DEFAULTS_3[type(body)]
+    end = len(values)
+    while end and values[end - 1] == defaults[end - 1]:
+        end -= 1
+    return values[:end]
 
 
 def _response_part(event: AllocationGranted | AllocationCorrected, cores: int,
