@@ -89,7 +89,8 @@ class Layout:
         if self.format == "1":
             return columns, None
         names = [c.strip() for c in columns.split(",")]
-        out, fix = [], None  # type: list[str], int | None
+        out: list[str] = []
+        spelled: int | None = None
         for i, name in enumerate(names):
             if name == "type":
                 whens = " ".join(f"WHEN {tid} THEN '{tname.replace(chr(39), chr(39) * 2)}'" for tid, tname in
@@ -97,10 +98,10 @@ class Layout:
                 out.append(f"CASE type {whens} END" if whens else "NULL")
             elif name == "stream_id":
                 out.append("stream")
-                fix = i
+                spelled = i
             else:
                 out.append(name)
-        return ", ".join(out), fix
+        return ", ".join(out), spelled
 
     def stream_version(self, conn: sqlite3.Connection, stream: str) -> int | None:
         """The last version of ``stream`` in the live rows (None when it has none)."""
