@@ -40,8 +40,7 @@ def stream_text(key: str | bytes) -> str:
     """A stored stream as readers see it (what the view ``events`` gives): the inverse of ``stream_key``."""
     if type(key) is not bytes:
         return key  # type: ignore[return-value]
-    h = key.hex()
-    return f"pod:{h[2:10]}-{h[10:14]}-{h[14:18]}-{h[18:22]}-{h[22:]}"
+    return f"pod:{key[1:5].hex()}-{key[5:11].hex('-', 2)}-{key[11:].hex()}"  # 8-4-4-4-12 (C does the middle dashes)
 
 
 def spell_streams(rows: list[Any], at: int) -> None:

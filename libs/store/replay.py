@@ -162,9 +162,8 @@ def iter_rows(
                     continue
                 for row in rows:  # the pod keys spelled as text (stream_text), inline: once per row of a scan
                     if type(key := row[fix]) is bytes:
-                        h = key.hex()
                         row = list(row)  # a list: cheaper to build than a tuple, the same items
-                        row[fix] = f"pod:{h[2:10]}-{h[10:14]}-{h[14:18]}-{h[18:22]}-{h[22:]}"
+                        row[fix] = f"pod:{key[1:5].hex()}-{key[5:11].hex('-', 2)}-{key[11:].hex()}"
                     yield row
     except sqlite3.DatabaseError as exc:
         raise unreadable(conn.execute("PRAGMA database_list").fetchone()[2], exc) from exc
