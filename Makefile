@@ -24,6 +24,7 @@ bench: $(BIN)/gpuledger
 	$(BIN)/python -m bench.footprint
 	$(BIN)/python -m bench.placement_quality
 	$(BIN)/python -m bench.dra_prepare
+	$(BIN)/python -m bench.log_size
 	rm -f /tmp/gpuledger-bench-1m.sqlite
 	$(BIN)/python -m bench.make_log /tmp/gpuledger-bench-1m.sqlite --events 1000000
 	$(BIN)/python -m bench.replay --log /tmp/gpuledger-bench-1m.sqlite

@@ -30,10 +30,9 @@ from pathlib import Path
 from bench.make_log import SETTINGS, synthetic
 from libs.events.schema import AllocationGranted, Event
 from libs.store import EventLog
+from libs.store.layout import layout_of
 from libs.store.log import create_schema
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
-
-_INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+from libs.store.rows import GENESIS_HASH, chain_hash, event_row
 
 
 def grants(count: int) -> list[Event]:
@@ -50,6 +49,7 @@ def raw_floor(path: Path, events: list[Event], seconds: float) -> dict[str, floa
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
+    layout = layout_of(conn)
     prev, at, lat = GENESIS_HASH, 0, []
     started = time.perf_counter()
     n = 0
@@ -61,7 +61,7 @@ def raw_floor(path: Path, events: list[Event], seconds: float) -> dict[str, floa
         row = event_row(n, at, f"raw:{n}", 1, ev, uuid.uuid4().bytes, None, SETTINGS)
         prev = chain_hash(prev, row)
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(_INSERT, (*row, prev))
+        layout.insert(conn, [(*row, prev)])
         conn.execute("COMMIT")
         lat.append(time.perf_counter() - t0)
     took = time.perf_counter() - started

@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+
 from libs.events.schema import (
     AllocationGranted,
     AllocationReleased,
@@ -32,18 +34,19 @@ from libs.events.schema import (
 )
 from libs.placement.recorded import ResponseSettings
 from libs.placement.responses import build_response
-from libs.store.compact import settings_row
+from libs.store.compact import COMPACT_V, COMPACT_V2, SETTINGS_PREFIX, decode_compact, settings_row
+from libs.store.layout import Layout, layout_of
 from libs.store.log import create_schema
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
+from libs.store.schema import FORMAT_1_DDL
 
-__all__ = ["GPUS", "SETTINGS", "START_NS", "synthetic", "write_log"]
+__all__ = ["GPUS", "SETTINGS", "START_NS", "as_format_1", "synthetic", "write_log"]
 
 GPUS = 8
 GIB = 1 << 30
 START_NS = 1_790_000_000_000_000_000  # 2026-09-21: a fixed start, so two runs give the same times
 # The response settings the synthetic grants are built with (what the allocator records in meta).
 SETTINGS = ResponseSettings(vm_root="/var/lib/gpuledger/vm", vdriver_root="/var/lib/gpuledger/vdriver")
-_INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 def synthetic(count: int, *, node: str = "bench") -> Iterator[Event]:
@@ -81,6 +84,7 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
     create_schema(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous=OFF")
+    layout = layout_of(conn)
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", settings_row(SETTINGS))
     seq, at, prev = 0, START_NS, GENESIS_HASH
     last = conn.execute("SELECT seq, recorded_at, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
@@ -93,7 +97,7 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
 
     def flush() -> None:
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(_INSERT, rows)
+        layout.insert(conn, rows)
         conn.execute("COMMIT")
         rows.clear()
         if progress:
@@ -106,7 +110,7 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
         stream = ev.stream()
         known = versions.get(stream)
         if known is None and last:  # continuing a log: the stream may already have events
-            known = conn.execute("SELECT MAX(version) FROM events WHERE stream_id = ?", (stream,)).fetchone()[0]
+            known = layout.stream_version(conn, stream)
         version = (known or 0) + 1
         versions[stream] = version
         if isinstance(ev, AllocationReleased):
@@ -121,6 +125,38 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
         flush()
     conn.close()
     return seq
+
+
+def as_format_1(path: Path, out: Path, *, upto: int | None = None) -> None:
+    """The events of the log at ``path`` (up to seq ``upto``) in a new file as the release before log format 2
+    wrote them: format 1's schema and indexes, compact bodies of version 2 (releases whole), each row hashed
+    in its own chain."""
+    src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    dst = sqlite3.connect(out, isolation_level=None)
+    try:
+        for ddl in FORMAT_1_DDL:
+            dst.execute(ddl)
+        dst.execute("BEGIN")
+        meta = src.execute("SELECT key, value FROM meta").fetchall()
+        dst.executemany("INSERT INTO meta VALUES (?, ?)", [(k, "1" if k == "format" else v) for k, v in meta])
+        recorded = {s.digest: s for k, v in meta if k.startswith(SETTINGS_PREFIX)
+                    for s in [msgspec.json.decode(v, type=ResponseSettings)]}
+        cur = src.execute(f"SELECT {COLUMNS} FROM events WHERE seq <= ? ORDER BY seq",
+                          (upto if upto is not None else 1 << 62,))
+        prev = GENESIS_HASH
+        while chunk := cur.fetchmany(5_000):
+            rows = []
+            for row in chunk:
+                stored = row_to_stored(row, src)
+                named = getattr(decode_compact(row[4], row[5], row[8]), "settings", b"") if row[5] == COMPACT_V else b""
+                old = event_row(*row[:4], stored.event, row[6], row[7], recorded.get(named), COMPACT_V2)
+                prev = chain_hash(prev, old)
+                rows.append((*old, prev))
+            Layout("1").insert(dst, rows)
+        dst.execute("COMMIT")
+    finally:
+        src.close()
+        dst.close()
 
 
 def main() -> None:

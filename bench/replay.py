@@ -2,14 +2,19 @@
 
 A synthetic log (``bench.make_log``: one inventory, then grants with their full Allocate response and
 releases, 2:1) is read back, best of ``--runs`` runs each (warm page cache), in one process:
-- floor: ``SELECT`` of every column of every row through the raw driver, no decoding; and the same
-  for only the five columns the audit replay reads (seq, recorded_at, type, schema_v, payload);
+- floor: ``SELECT`` of every stored column of every row through the raw driver, no decoding; and the
+  same for only the five columns the audit replay reads (seq, recorded_at, type, schema_v, payload);
 - audit replay (``gpuledger replay``): narrow views of the events, fold into holdings;
 - full replay: every event decoded into its typed Struct and folded into ``LedgerState`` (what the
   allocator does at start when it has no valid snapshot);
 - chain verification (``gpuledger audit verify``): every row re-hashed.
 
+Each is measured on the log as written (format 2, libs/store/layout.py, body version 3) and on the same
+events as the release before format 2 stored them (``--formats``: format 1, body version 2,
+``bench.make_log.as_format_1``), the runs of the two alternating, so both see the same machine and load.
+
     python -m bench.replay [--events 1000000] [--log PATH (reuse a log written by bench.make_log)]
+                           [--formats 1,2]
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.make_log import synthetic, write_log
+from bench.make_log import as_format_1, synthetic, write_log
 from libs.ledger.holdings import audit_replay
 from libs.ledger.state import LedgerState
 from libs.store import replay
+from libs.store.layout import layout_of
 from libs.store.replay import CHUNK
 from libs.store.verify import verify_log
 
@@ -42,33 +48,24 @@ def timed(fn: Callable[[], object], runs: int) -> float:
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--log", type=Path, default=None, help="reuse this log instead of writing one")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    scratch = None
-    path = args.log
-    if path is None:
-        scratch = Path(tempfile.mkdtemp(prefix="glr", dir="/tmp"))
-        path = scratch / "ledger.sqlite"
-        write_log(path, synthetic(args.events))
-    count = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT MAX(seq) FROM events").fetchone()[0]
+def stored_table(path: Path) -> str:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return layout_of(conn).table
+    finally:
+        conn.close()
+
+
+def cases(path: Path, count: int) -> list[tuple[str, Callable[[], object]]]:
+    """(name, run) of each measurement on the log at ``path``."""
+    table = stored_table(path)
 
     def scan(columns: str) -> None:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        cur = conn.execute(f"SELECT {columns} FROM events ORDER BY seq")
+        cur = conn.execute(f"SELECT {columns} FROM {table} ORDER BY seq")
         while cur.fetchmany(CHUNK):
             pass
         conn.close()
-
-    def floor() -> None:
-        scan("*")
-
-    def narrow_floor() -> None:
-        scan("seq, recorded_at, type, schema_v, payload")
 
     def audit() -> None:
         assert audit_replay(path).seq == count
@@ -81,25 +78,61 @@ def main() -> None:
     def verify() -> None:
         assert verify_log(path).ok
 
-    cases = [("raw scan of every column, no decoding (floor)", floor, args.runs),
-             ("raw scan of the 5 columns the audit replay reads (its floor)", narrow_floor, args.runs),
-             ("audit replay: narrow decode + holdings (`gpuledger replay`)", audit, args.runs),
-             ("full replay: typed decode + LedgerState (allocator start without snapshot)", full, args.runs),
-             ("chain verification (`gpuledger audit verify`)", verify, 1)]
+    return [("raw scan of every stored column, no decoding (floor)", lambda: scan("*")),
+            ("raw scan of the 5 columns the audit replay reads (its floor)",
+             lambda: scan("seq, recorded_at, type, schema_v, payload")),
+            ("audit replay: narrow decode + holdings (`gpuledger replay`)", audit),
+            ("full replay: typed decode + LedgerState (allocator start without snapshot)", full),
+            ("chain verification (`gpuledger audit verify`)", verify)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--log", type=Path, default=None, help="reuse this log instead of writing one")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--formats", default="1,2", help="row formats to measure, the same rows in each")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="glr", dir="/tmp"))
+    path = args.log
+    if path is None:
+        path = scratch / "ledger.sqlite"
+        write_log(path, synthetic(args.events))
+    logs: dict[str, Path] = {}
+    for fmt in args.formats.split(","):
+        if fmt == stored_table_format(path):
+            logs[fmt] = path
+        elif fmt == "1":
+            logs[fmt] = scratch / "format1.sqlite"
+            as_format_1(path, logs[fmt])
+        else:
+            parser.error(f"format {fmt}: only format 1 can be made from the log (which is format "
+                         f"{stored_table_format(path)})")
+    count = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT MAX(seq) FROM events").fetchone()[0]
+    per_format = {fmt: cases(log, count) for fmt, log in logs.items()}
     rows = []
-    for name, fn, runs in cases:
-        seconds = timed(fn, runs)
-        rows.append({"name": name, "seconds": round(seconds, 3), "events_per_s": round(count / seconds)})
-        print(f"  {name}: {seconds:.2f} s", flush=True)
-    size = path.stat().st_size
-    print(f"| read ({count:,} events, {size / count:,.0f} bytes/event on disk) | seconds | events/s |\n|---|---:|---:|")
+    for i, (name, _) in enumerate(next(iter(per_format.values()))):
+        best = dict.fromkeys(logs, float("inf"))
+        for _ in range(args.runs):
+            for fmt, measured in per_format.items():  # alternating: both formats under the same load
+                best[fmt] = min(best[fmt], timed(measured[i][1], 1))
+        rows.append({"name": name, "seconds": {f"format {f}": round(s, 3) for f, s in best.items()}})
+        print(f"  {name}: " + ", ".join(f"format {f} {s:.2f} s" for f, s in best.items()), flush=True)
+    sizes = {fmt: log.stat().st_size / count for fmt, log in logs.items()}
+    print(f"\n| read ({count:,} events; " + ", ".join(f"format {f}: {b:,.0f} B/event on disk" for f, b in sizes.items())
+          + ") | " + " | ".join(f"format {f} s (events/s)" for f in logs) + " |")
+    print("|---|" + "---:|" * len(logs))
     for r in rows:
-        print(f"| {r['name']} | {r['seconds']} | {r['events_per_s']:,} |")
+        print(f"| {r['name']} | " + " | ".join(f"{s} ({count / s:,.0f})" for s in r["seconds"].values()) + " |")
     print(f"\n{platform.machine()}, {os.cpu_count()} cpu, load average {os.getloadavg()[0]:.2f} at the end")
     if args.json:
-        args.json.write_text(json.dumps({"events": count, "rows": rows, "bytes_per_event": size / count}))
-    if scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
+        args.json.write_text(json.dumps({"events": count, "rows": rows, "bytes_per_event": sizes}))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def stored_table_format(path: Path) -> str:
+    return "1" if stored_table(path) == "events" else "2"
 
 
 if __name__ == "__main__":

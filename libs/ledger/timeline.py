@@ -26,6 +26,7 @@ from libs.ledger.views import (
     InventoryView,
     ReleaseView,
     iter_views,
+    view_tag,
 )
 from libs.store.replay import open_reader
 
@@ -58,7 +59,7 @@ def _grant_entry(seq: int, at: int, g: GrantView) -> Entry:
     detail = f"imported from {g.source}" if isinstance(g, ImportView) else ""
     if isinstance(g, ClaimPreparedView):
         detail = f"DRA claim {g.claim_namespace}/{g.claim_name} uid {g.claim_uid}"
-    return Entry(seq=seq, recorded_at=at, type=g.__struct_config__.tag,  # type: ignore[arg-type]
+    return Entry(seq=seq, recorded_at=at, type=view_tag(g),
                  pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                  alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=g.request_id,
                  detail=detail)

@@ -33,7 +33,7 @@ from libs.events.schema import (
     InventoryRecorded,
 )
 from libs.ledger.rules import health_reason
-from libs.store.compact import COMPACT_TYPES, COMPACT_V
+from libs.store.compact import COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES
 from libs.store.replay import iter_rows
 from libs.store.rows import COLUMNS, row_to_stored
 
@@ -50,6 +50,7 @@ __all__ = [
     "View",
     "iter_views",
     "view_of",
+    "view_tag",
 ]
 
 
@@ -149,19 +150,60 @@ _decode_view = msgspec.msgpack.Decoder(
 View = GrantView | ReleaseView | InventoryView | CorrectionView | HealthView
 
 
+# The views of version 3 compact bodies (arrays, libs/store/compact.py): the same views, decoded from the
+# array's first fields (the body puts them first, in the view's order), without a type tag.
+class _GrantView3(GrantView, frozen=True, gc=False, array_like=True, tag=False):
+    pass
+
+
+class _ImportView3(ImportView, frozen=True, gc=False, array_like=True, tag=False):
+    pass
+
+
+class _CorrectionView3(CorrectionView, frozen=True, gc=False, array_like=True, tag=False):
+    pass
+
+
+class _ReleaseView3(ReleaseView, frozen=True, gc=False, array_like=True, tag=False):
+    pass
+
+
+VIEWS_3: dict[str, type[msgspec.Struct]] = {"alloc.granted": _GrantView3, "alloc.imported": _ImportView3,
+                                            "alloc.corrected": _CorrectionView3, "alloc.released": _ReleaseView3}
+
+
+def view_tag(view: msgspec.Struct) -> str:
+    """The event type a view was read from (a version 3 view has no tag of its own: its class's base's)."""
+    cls = type(view)
+    tag = cls.__struct_config__.tag
+    return tag if isinstance(tag, str) else cls.__mro__[1].__struct_config__.tag  # type: ignore[attr-defined]
+
+
+def _view_decoders() -> dict[tuple[str, int], object]:
+    """(type, body version) -> the decoder of its view, for every stored form a view reads."""
+    found: dict[tuple[str, int], object] = {
+        (tag, EVENT_TYPES[tag].SCHEMA): _decode_view for tag in _VIEW_TAGS if tag in EVENT_TYPES}
+    found.update({(tag, COMPACT_V2): _decode_view for tag in COMPACT_V2_TYPES})  # maps with the viewed names
+    found.update({(tag, COMPACT_V): msgspec.msgpack.Decoder(cls).decode for tag, cls in VIEWS_3.items()})
+    return found
+
+
+VIEW_DECODERS = _view_decoders()
+
+
 def iter_views(
     conn: sqlite3.Connection, *, after_seq: int = 0, upto_seq: int | None = None
 ) -> Iterator[tuple[int, int, View | StoredEvent]]:
     """(seq, recorded_at, view) in seq order; types without a view come as a full ``StoredEvent``."""
     # Only the columns the views need: each extra column costs ~10% of the scan. The rare row that
     # needs the full decode (an old schema version, a type without a view) is read again by seq.
-    current = {tag: EVENT_TYPES[tag].SCHEMA for tag in _VIEW_TAGS if tag in EVENT_TYPES}
-    current.update(dict.fromkeys(COMPACT_TYPES, COMPACT_V))  # compact bodies keep the viewed fields' names
+    decoders = VIEW_DECODERS
     for seq, at, type_name, schema_v, payload in iter_rows(
         conn, "seq, recorded_at, type, schema_v, payload", after_seq=after_seq, upto_seq=upto_seq
     ):
-        if current.get(type_name) == schema_v:
-            yield seq, at, _decode_view(payload)
+        decode = decoders.get((type_name, schema_v))
+        if decode is not None:
+            yield seq, at, decode(payload)  # type: ignore[operator]
         else:
             row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
             yield seq, at, row_to_stored(row, conn)

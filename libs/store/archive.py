@@ -50,6 +50,7 @@ import msgspec
 from libs.errors import StoreError
 from libs.logger import get_logger
 from libs.store.compact import SETTINGS_PREFIX
+from libs.store.layout import layout_of, spell_streams
 from libs.store.rows import COLUMNS, GENESIS_HASH
 
 __all__ = [
@@ -125,7 +126,8 @@ def catalog(conn: sqlite3.Connection, schema: str = "main") -> list[Segment]:
 
 def live_bounds(conn: sqlite3.Connection) -> tuple[int, int]:
     """(first, last) seq the live file holds; (0, 0) when empty."""
-    first, last = conn.execute("SELECT MIN(seq), MAX(seq) FROM main.events").fetchone()
+    table = layout_of(conn).table  # the table itself: the view's join would scan for MIN and MAX
+    first, last = conn.execute(f"SELECT MIN(seq), MAX(seq) FROM main.{table}").fetchone()
     return int(first or 0), int(last or 0)
 
 
@@ -198,9 +200,13 @@ def write_segment(log_path: Path, conn: sqlite3.Connection, first: int, last: in
             for ddl in _SEGMENT_DDL:
                 seg.execute(ddl)
             seg.execute("BEGIN")
-            rows = conn.execute(f"SELECT {ROW_COLUMNS} FROM main.events WHERE seq BETWEEN ? AND ? ORDER BY seq",
+            layout = layout_of(conn)
+            listed, fix = layout.select(conn, ROW_COLUMNS)  # the table itself, spelled as the view spells it
+            rows = conn.execute(f"SELECT {listed} FROM main.{layout.table} WHERE seq BETWEEN ? AND ? ORDER BY seq",
                                 (first, last))
             while chunk := rows.fetchmany(2_000):
+                if fix is not None:
+                    spell_streams(chunk, fix)
                 seg.executemany(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", chunk)
             got, first_at, last_at, last_hash = seg.execute(
                 "SELECT COUNT(*), MIN(recorded_at), MAX(recorded_at), "
@@ -269,14 +275,15 @@ def _record(conn: sqlite3.Connection, seg: Segment) -> None:
 def _delete_prefix(conn: sqlite3.Connection, upto: int) -> int:
     """Step 4: delete the rows <= ``upto`` (which a recorded segment holds), oldest first, in chunks."""
     gone = 0
+    table = layout_of(conn).table
     while True:
-        first = conn.execute("SELECT MIN(seq) FROM main.events").fetchone()[0]
+        first = conn.execute(f"SELECT MIN(seq) FROM main.{table}").fetchone()[0]
         if first is None or first > upto:
             return gone
         end = min(upto, first + DELETE_CHUNK - 1)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            gone += conn.execute("DELETE FROM main.events WHERE seq <= ?", (end,)).rowcount
+            gone += conn.execute(f"DELETE FROM main.{table} WHERE seq <= ?", (end,)).rowcount
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -294,8 +301,7 @@ def cut_for(log_path: Path, *, before_ns: int | None = None, keep_events: int | 
             return 0
         cut = last - 1
         if before_ns is not None:
-            row = conn.execute("SELECT MAX(seq) FROM main.events WHERE recorded_at < ?", (before_ns,)).fetchone()
-            cut = min(cut, int(row[0] or 0))
+            cut = min(cut, _last_before(conn, layout_of(conn).table, first, last, before_ns))
         if keep_events is not None:
             cut = min(cut, last - keep_events)
         if limit is not None:
@@ -304,6 +310,24 @@ def cut_for(log_path: Path, *, before_ns: int | None = None, keep_events: int | 
         return cut if cut > max(done, first - 1) else 0
     finally:
         conn.close()
+
+
+def _last_before(conn: sqlite3.Connection, table: str, first: int, last: int, before_ns: int) -> int:
+    """The last live seq recorded before ``before_ns`` (0 when none): a binary search by seq, as time
+    never goes backwards (no index on the time)."""
+    def at(seq: int) -> int:
+        return int(conn.execute(f"SELECT recorded_at FROM main.{table} WHERE seq = ?", (seq,)).fetchone()[0])
+
+    if at(first) >= before_ns:
+        return 0
+    lo, hi = first, last  # invariant: at(lo) < before_ns
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if at(mid) < before_ns:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def archive_prefix(log_path: Path, upto: int, *, fail_after: str = "") -> Segment | None:

@@ -1,4 +1,5 @@
-"""The compact stored form of grants, imports and corrections (body version 2 in the log's ``schema_v``).
+"""The compact stored form of grants, imports, corrections and releases (body version 3 in the log's
+``schema_v``; version 2 is still read).
 
 Body version 1 (still read) kept every grant's whole Allocate response and every kubelet device ID
 as a string (a 90-core share carried 90 IDs): about 1.6 KB a grant. Version 2 keeps only what cannot be derived:
@@ -14,10 +15,11 @@ as a string (a 90-core share carried 90 IDs): about 1.6 KB a grant. Version 2 ke
   position of each ID in ascending order when the kubelet's order was another (one byte each up to
   256 IDs). IDs of another form stay strings in ``device_ids``.
 
-The bodies are msgpack maps with the event's own field names for every field a narrow view reads
-(``libs.ledger.views``), so the audit replay decodes them as it decoded schema 1. Every reader gets the
-full event back (``expand``), of schema 1 as before: the rest of the code, the CLI and the NATS
-records see what they saw.
+Version 2 bodies are msgpack maps with the event's own field names and its type tag. Version 3 bodies
+(releases too) are msgpack arrays: no field names, no type tag (the row's ``type`` says it), the fields
+a narrow view reads first, in the view's order (``libs.ledger.views`` decodes that prefix and skips the
+rest), about half the bytes. Every reader gets the full event back (``expand``), of schema 1 as
+before: the rest of the code, the CLI and the NATS records see what they saw.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from libs.events.schema import (
     AllocationCorrected,
     AllocationGranted,
     AllocationImported,
+    AllocationReleased,
     ContainerResponse,
     Event,
     GpuShare,
@@ -42,9 +45,12 @@ from libs.placement.recorded import ResponseSettings, reproduce
 __all__ = [
     "COMPACT_TYPES",
     "COMPACT_V",
+    "COMPACT_V2",
+    "COMPACT_V2_TYPES",
     "SETTINGS_PREFIX",
     "MetaSource",
     "compact_body",
+    "decode_compact",
     "decode_ids",
     "encode_ids",
     "expand",
@@ -107,12 +113,96 @@ class _Corrected(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defau
     response: ContainerResponse | None = None
 
 
-COMPACT_TYPES = frozenset({"alloc.granted", "alloc.imported", "alloc.corrected"})
-COMPACT_V = 2
-"""The ``schema_v`` of a compact body. The event's fields, and so its JSON record (``schema`` 1), are the
-same as before: only the stored form changed, so the body version is the log's, not the record's."""
+# Version 3: arrays. The first fields of each are those of its narrow view (libs/ledger/views.py: GrantView,
+# ImportView, CorrectionView, ReleaseView), in the view's order (a test checks it); then the rest, the
+# rarely set last: trailing fields at their default are not written (``_array``), a reader fills them in.
+class _Grant3(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    alloc_id: str
+    request_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    cores: int
+    memory: int
+    shares: tuple[GpuShare, ...]
+    init_container: bool = False
+    core_limit: int | None = None
+    ids: tuple[int, ...] = ()
+    settings: bytes = b""
+    container_index: int = 0
+    bits: bytes = b""
+    perm: bytes | tuple[int, ...] = b""
+    compat32: bool = False
+    cache: str = ""
+    device_ids: tuple[str, ...] = ()
+    response: ContainerResponse | None = None
+
+
+class _Imported3(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    alloc_id: str
+    request_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    cores: int
+    memory: int
+    shares: tuple[GpuShare, ...]
+    init_container: bool = False
+    core_limit: int | None = None
+    source: str = ""
+    ids: tuple[int, ...] = ()
+    settings: bytes = b""
+    container_index: int = 0
+    bits: bytes = b""
+    perm: bytes | tuple[int, ...] = b""
+    compat32: bool = False
+    cache: str = ""
+    device_ids: tuple[str, ...] = ()
+    response: ContainerResponse | None = None
+
+
+class _Corrected3(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    alloc_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    memory: int
+    shares: tuple[GpuShare, ...]
+    previous_pod_uid: str
+    previous_container: str
+    init_container: bool = False
+    core_limit: int | None = None
+    reason: str = "pod-resources"
+    settings: bytes = b""
+    container_index: int = 0
+    compat32: bool = False
+    cache: str = ""
+    response: ContainerResponse | None = None
+
+
+class _Released3(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    alloc_id: str
+    pod_uid: str
+    container: str
+    reason: str
+
+
+COMPACT_V = 3
+"""The ``schema_v`` of a compact body as written now. The event's fields, and so its JSON record (``schema``
+1), are the same as before: only the stored form changed, so the body version is the log's, not the record's."""
+COMPACT_TYPES = frozenset({"alloc.granted", "alloc.imported", "alloc.corrected", "alloc.released"})
+COMPACT_V2 = 2
+"""Version 2 (maps, still read; written again only where a copy must give an old row's hash back)."""
+COMPACT_V2_TYPES = frozenset({"alloc.granted", "alloc.imported", "alloc.corrected"})
+BODIES_3: dict[str, type[msgspec.Struct]] = {"alloc.granted": _Grant3, "alloc.imported": _Imported3,
+                                             "alloc.corrected": _Corrected3, "alloc.released": _Released3}
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(_Grant | _Imported | _Corrected).decode
+_DEFAULTS_3 = {cls: tuple(f.default for f in msgspec.structs.fields(cls)) for cls in BODIES_3.values()}
+_DECODE_3 = {name: msgspec.msgpack.Decoder(cls).decode for name, cls in BODIES_3.items()}
 
 # --- kubelet device IDs ---
 
@@ -237,16 +327,33 @@ def _facts(response: ContainerResponse) -> tuple[bool, str]:
     return compat32, token
 
 
-def compact_body(event: Event, settings: ResponseSettings | None) -> bytes | None:
-    """The compact body of a grant, import or correction; None for other types (subtypes included: a
-    ``claim.prepared`` is a grant by inheritance but has its own schema, and is stored whole)."""
-    if type(event).__struct_config__.tag not in COMPACT_TYPES:
+def compact_body(event: Event, settings: ResponseSettings | None, version: int = COMPACT_V) -> bytes | None:
+    """The compact body (of ``version``) of a grant, import, correction or (version 3) release; None for
+    other types (subtypes included: a ``claim.prepared`` is a grant by inheritance but has its own
+    schema, and is stored whole)."""
+    tag = type(event).__struct_config__.tag
+    if tag not in (COMPACT_TYPES if version == COMPACT_V else COMPACT_V2_TYPES):
         return None
+    body: msgspec.Struct
     if isinstance(event, AllocationGranted):
-        return _encode(_grant_body(event, settings))
-    if isinstance(event, AllocationCorrected):
-        return _encode(_corrected_body(event, settings))
-    return None
+        body = _grant_body(event, settings, version)
+    elif isinstance(event, AllocationCorrected):
+        body = _corrected_body(event, settings, version)
+    elif isinstance(event, AllocationReleased):
+        body = _Released3(alloc_id=event.alloc_id, pod_uid=event.pod_uid, container=event.container,
+                          reason=event.reason)
+    else:
+        return None
+    return _encode(_array(body) if version == COMPACT_V else body)
+
+
+def _array(body: msgspec.Struct) -> tuple[object, ...]:
+    """A version 3 body's fields without the trailing ones at their default (decoding gives them back)."""
+    values, defaults = msgspec.structs.astuple(body), _DEFAULTS_3[type(body)]
+    end = len(values)
+    while end and values[end - 1] == defaults[end - 1]:
+        end -= 1
+    return values[:end]
 
 
 def _response_part(event: AllocationGranted | AllocationCorrected, cores: int,
@@ -261,20 +368,26 @@ def _response_part(event: AllocationGranted | AllocationCorrected, cores: int,
     return {"settings": remember(settings), "compat32": compat32, "cache": cache}
 
 
-def _grant_body(ev: AllocationGranted, settings: ResponseSettings | None) -> _Grant:
+def _grant_body(ev: AllocationGranted, settings: ResponseSettings | None,
+                version: int) -> _Grant | _Imported | _Grant3 | _Imported3:
     coded = encode_ids(ev.device_ids)
     ids: dict[str, object] = {"device_ids": ev.device_ids} if coded is None else coded
     common = dict(alloc_id=ev.alloc_id, request_id=ev.request_id, pod_uid=ev.pod_uid, namespace=ev.namespace,
                   pod_name=ev.pod_name, container=ev.container, container_index=ev.container_index,
                   init_container=ev.init_container, cores=ev.cores, memory=ev.memory, shares=ev.shares,
                   core_limit=ev.core_limit, **ids, **_response_part(ev, ev.cores, settings))
+    if version == COMPACT_V:
+        if isinstance(ev, AllocationImported):
+            return _Imported3(**common, source=ev.source)  # type: ignore[arg-type]
+        return _Grant3(**common)  # type: ignore[arg-type]
     if isinstance(ev, AllocationImported):
         return _Imported(**common, source=ev.source)  # type: ignore[arg-type]
     return _Grant(**common)  # type: ignore[arg-type]
 
 
-def _corrected_body(ev: AllocationCorrected, settings: ResponseSettings | None) -> _Corrected:
-    return _Corrected(
+def _corrected_body(ev: AllocationCorrected, settings: ResponseSettings | None,
+                    version: int) -> _Corrected | _Corrected3:
+    return (_Corrected3 if version == COMPACT_V else _Corrected)(
         alloc_id=ev.alloc_id, pod_uid=ev.pod_uid, namespace=ev.namespace, pod_name=ev.pod_name,
         container=ev.container, container_index=ev.container_index, init_container=ev.init_container,
         memory=ev.memory, shares=ev.shares, core_limit=ev.core_limit, previous_pod_uid=ev.previous_pod_uid,
@@ -283,13 +396,24 @@ def _corrected_body(ev: AllocationCorrected, settings: ResponseSettings | None) 
     )
 
 
-def expand(body: bytes, source: MetaSource, *, seq: int = 0) -> AllocationGranted | AllocationCorrected:
-    """The full event of a compact body (its response reproduced, its device IDs spelled out)."""
+def decode_compact(type_name: str, schema_v: int, body: bytes, *,
+                   seq: int = 0) -> _Grant | _Imported | _Corrected | _Grant3 | _Imported3 | _Corrected3 | _Released3:
+    """The stored form of a compact body (version 2 or 3), as it is in the log."""
     try:
-        b = _decode(body)
+        if schema_v == COMPACT_V:
+            return _DECODE_3[type_name](body)  # type: ignore[return-value]
+        return _decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise CorruptLog(seq, f"compact body: {exc}") from exc
-    if isinstance(b, _Corrected):
+        raise CorruptLog(seq, f"compact body of {type_name} (version {schema_v}): {exc}") from exc
+
+
+def expand(type_name: str, schema_v: int, body: bytes, source: MetaSource, *,
+           seq: int = 0) -> AllocationGranted | AllocationCorrected | AllocationReleased:
+    """The full event of a compact body (its response reproduced, its device IDs spelled out)."""
+    b = decode_compact(type_name, schema_v, body, seq=seq)
+    if isinstance(b, _Released3):
+        return AllocationReleased(alloc_id=b.alloc_id, pod_uid=b.pod_uid, container=b.container, reason=b.reason)
+    if isinstance(b, _Corrected | _Corrected3):
         return AllocationCorrected(
             alloc_id=b.alloc_id, pod_uid=b.pod_uid, namespace=b.namespace, pod_name=b.pod_name,
             container=b.container, container_index=b.container_index, init_container=b.init_container,
@@ -303,12 +427,13 @@ def expand(body: bytes, source: MetaSource, *, seq: int = 0) -> AllocationGrante
                   pod_name=b.pod_name, container=b.container, container_index=b.container_index,
                   init_container=b.init_container, cores=b.cores, memory=b.memory, device_ids=device_ids,
                   shares=b.shares, core_limit=b.core_limit, response=response)
-    if isinstance(b, _Imported):
+    if isinstance(b, _Imported | _Imported3):
         return AllocationImported(**fields, source=b.source)  # type: ignore[arg-type]
     return AllocationGranted(**fields)  # type: ignore[arg-type]
 
 
-def _reproduced(b: _Grant | _Corrected, cores: int, source: MetaSource, seq: int) -> ContainerResponse:
+def _reproduced(b: _Grant | _Corrected | _Grant3 | _Imported3 | _Corrected3, cores: int, source: MetaSource,
+                seq: int) -> ContainerResponse:
     if not b.settings:
         raise CorruptLog(seq, "a compact body with neither a response nor the settings to reproduce it")
     settings = _settings(b.settings, source, seq)

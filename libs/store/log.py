@@ -21,7 +21,7 @@ from libs.errors import StartRefused, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import Event
 from libs.placement.recorded import ResponseSettings
-from libs.store.format import LOG_FORMAT_VERSION
+from libs.store.format import LOG_FORMAT_VERSION, READABLE_FORMATS
 from libs.store.queries import LogQueries
 from libs.store.replay import replay, unreadable
 from libs.store.writer import LogWriter, connect
@@ -33,13 +33,15 @@ __all__ = ["EventLog", "create_schema", "writer_lock"]
 
 
 def create_schema(path: Path) -> None:
-    """Create the tables and triggers if absent; refuse a log written in another format."""
+    """Create the tables and triggers if absent (a new log is format 2); a format 1 log stays as it is,
+    read and appended to in its own format (``libs.store.layout``); another format is refused."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         conn = connect(path)  # WAL is persistent: set it before SQLAlchemy opens the file
         try:
-            if _format_of(conn) == LOG_FORMAT_VERSION and _archiving_guarded(conn):
-                return  # created before, in this format: nothing to do, and no SQLAlchemy to load
+            found = _format_of(conn)
+            if found in READABLE_FORMATS and _archiving_guarded(conn):
+                return  # created before, in a format read here: nothing to do, and no SQLAlchemy to load
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
@@ -48,18 +50,26 @@ def create_schema(path: Path) -> None:
     import sqlalchemy.exc
     from sqlalchemy import create_engine, insert, select
 
-    from libs.store.schema import ARCHIVE_TRIGGERS, meta, metadata
+    from libs.store.schema import FORMAT_2_DDL, archive_triggers, meta, metadata
 
     engine = create_engine(f"sqlite:///{path}")
     try:
         with engine.begin() as conn:
+            has_events = conn.exec_driver_sql(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'").scalar() is not None
             metadata.create_all(conn, checkfirst=True)
             found = conn.execute(select(meta.c.value).where(meta.c.key == "format")).scalar()
+            if found is None and has_events:
+                found = "1"  # a format 1 log written before ``meta`` recorded the format
             if found is None:
+                for ddl in FORMAT_2_DDL:
+                    conn.exec_driver_sql(ddl)
                 conn.execute(insert(meta).values(key="format", value=LOG_FORMAT_VERSION))
-            elif found != LOG_FORMAT_VERSION:
-                raise StoreError(f"{path} is log format {found}; this gpuledger reads {LOG_FORMAT_VERSION}")
-            _guard_archiving(conn, ARCHIVE_TRIGGERS)
+                found = LOG_FORMAT_VERSION
+            elif found not in READABLE_FORMATS:
+                raise StoreError(f"{path} is log format {found}; this gpuledger reads formats "
+                                 f"{', '.join(READABLE_FORMATS)}")
+            _guard_archiving(conn, archive_triggers("events" if found == "1" else "rows"))
     except sqlalchemy.exc.DatabaseError as exc:
         raise unreadable(path, exc.orig) from exc  # type: ignore[arg-type]
     finally:

@@ -18,6 +18,7 @@ import aiosqlite
 
 from libs.errors import StoreError
 from libs.events.codec import StoredEvent
+from libs.store.layout import RAW_ROWS, Layout, spell_rows
 from libs.store.rows import COLUMNS, row_to_stored
 
 __all__ = ["LogQueries"]
@@ -29,6 +30,8 @@ class LogQueries:
         self._conn: aiosqlite.Connection | None = None
         self._opening = asyncio.Lock()
         self._closed = False
+        self._layout: Layout | None = None
+        self._types: dict[int, str] = {}
 
     async def _connection(self) -> aiosqlite.Connection:
         async with self._opening:
@@ -50,8 +53,20 @@ class LogQueries:
         return [row_to_stored(r, self.path) for r in rows]
 
     async def read_after(self, after_seq: int, limit: int = 512) -> list[StoredEvent]:
-        sql = f"SELECT {COLUMNS}, hash FROM events WHERE seq > ? ORDER BY seq LIMIT ?"  # the relay sends the hash
-        return await self._rows(sql, (after_seq, limit))
+        """The relay's read (it sends the hash too). Format 2: the table itself, as the scans read it
+        (libs/store/layout.py), with the type names known here, read again when a row names a new one."""
+        conn = await self._connection()
+        if self._layout is None:
+            found = await conn.execute_fetchall("SELECT value FROM meta WHERE key = 'format'")
+            self._layout = Layout(found[0][0] if found else "1")
+        if self._layout.format == "1":
+            return await self._rows(f"SELECT {COLUMNS}, hash FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+                                    (after_seq, limit))
+        rows = list(await conn.execute_fetchall(f"{RAW_ROWS} WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)))
+        if any(row[4] not in self._types for row in rows):  # types only grow: a row's type is there once the row is
+            self._types = dict(await conn.execute_fetchall("SELECT id, name FROM types"))  # type: ignore[arg-type]
+        spell_rows(rows, self._types)
+        return [row_to_stored(r, self.path) for r in rows]
 
     async def by_command(self, command_id: str) -> list[StoredEvent]:
         """The events a command appended (the ``events_command`` index), in seq order."""

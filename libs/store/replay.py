@@ -11,18 +11,23 @@ temporary file, attached read-only and already unlinked) followed by the live lo
 the live log's and the segments' (where the response settings of compact grants are recorded). A reader that only
 needs seqs from ``from_seq`` on (a snapshot's tail) decompresses only the segments that reach it, and
 none when the live log holds them all.
+
+The scans (``iter_rows``) do not go through those views: they read the attached segments' table, then
+the live file's own table (``libs.store.layout``: format 2's rows spelled as the view spells them,
+without its per-row join), each in seq order, in the same read transaction.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from libs.errors import StoreError
 from libs.events.codec import StoredEvent
 from libs.store.archive import catalog, materialize
+from libs.store.layout import Layout, layout_of
 from libs.store.rows import COLUMNS, row_to_stored
 
 __all__ = ["iter_events", "iter_rows", "last_seq_wanted", "open_reader", "replay", "restore_hint", "seq_at_time",
@@ -36,6 +41,14 @@ CHUNK = 1_000
 _VIEW_COLUMNS = f"{COLUMNS}, hash"
 
 
+class LogReader(sqlite3.Connection):
+    """A connection ``open_reader`` opened: what its ``events`` spans, so that scans read the tables."""
+
+    layout: Layout
+    archived = 0      # the last seq of the attached archive segments (0: none attached)
+    live_after = 0    # live rows up to this seq are skipped (a segment holds them)
+
+
 def open_reader(path: Path, *, from_seq: int = 1, archives: bool = True) -> sqlite3.Connection:
     """A read-only connection; refuses to create a log that is not there.
 
@@ -44,10 +57,11 @@ def open_reader(path: Path, *, from_seq: int = 1, archives: bool = True) -> sqli
     """
     if not path.exists():
         raise StoreError(f"no event log at {path}: has the allocator run with this --state-dir?")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, factory=LogReader)
     try:
         conn.execute("PRAGMA busy_timeout=5000")
         conn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
+        conn.layout = layout_of(conn)
         if archives:
             _span_archives(conn, path, from_seq)
     except sqlite3.DatabaseError as exc:
@@ -59,11 +73,12 @@ def open_reader(path: Path, *, from_seq: int = 1, archives: bool = True) -> sqli
     return conn
 
 
-def _span_archives(conn: sqlite3.Connection, path: Path, from_seq: int) -> None:
+def _span_archives(conn: LogReader, path: Path, from_seq: int) -> None:
     segments = catalog(conn)
     if not segments:
         return
     archived = segments[-1].last_seq  # live rows up to here are duplicates a crash left: not read twice
+    conn.live_after = archived
     live = f"SELECT {_VIEW_COLUMNS} FROM main.events WHERE seq > {archived}"
     wanted = [s for s in segments if s.last_seq >= from_seq]
     if not wanted:
@@ -74,6 +89,7 @@ def _span_archives(conn: sqlite3.Connection, path: Path, from_seq: int) -> None:
         conn.execute("ATTACH ? AS archived", (f"file:{plain}?mode=ro&immutable=1",))
     finally:
         plain.unlink(missing_ok=True)  # the open file stays readable; nothing is left behind
+    conn.archived = archived
     conn.execute(f"CREATE TEMP VIEW events AS SELECT {_VIEW_COLUMNS} FROM archived.events UNION ALL {live}")
     # Recorded settings are content addressed (the same key always holds the same value): UNION drops the
     # copies; a segment's own rows let its compact grants be read even where the live log lacks them.
@@ -120,18 +136,35 @@ def seq_at_time(conn: sqlite3.Connection, time_ns: int) -> int:
 
 def iter_rows(
     conn: sqlite3.Connection, columns: str, *, after_seq: int = 0, upto_seq: int | None = None
-) -> Iterator[tuple[Any, ...]]:
-    """Raw rows of ``columns`` in seq order, in one read transaction (a consistent view of the log)."""
-    sql = f"SELECT {columns} FROM events WHERE seq > ?"
-    args: tuple[int, ...] = (after_seq,)
-    if upto_seq is not None:
-        sql += " AND seq <= ?"
-        args += (upto_seq,)
+) -> Iterator[Sequence[Any]]:
+    """Raw rows of ``columns`` (names of the columns of ``events``) in seq order, in one read transaction
+    (a consistent view of the log). A row is a tuple, or a list of the same items where a format 2 pod
+    stream was spelled as text."""
+    upto = (1 << 63) - 1 if upto_seq is None else upto_seq
     conn.execute("BEGIN")
     try:
-        cur = conn.execute(sql + " ORDER BY seq", args)
-        while rows := cur.fetchmany(CHUNK):
-            yield from rows
+        parts: list[tuple[str, int, int, int | None]] = []
+        if not isinstance(conn, LogReader):  # another connection: its own ``events``
+            parts.append((f"SELECT {columns} FROM events", after_seq, upto, None))
+        else:
+            if conn.archived > after_seq:
+                parts.append((f"SELECT {columns} FROM archived.events", after_seq, min(upto, conn.archived), None))
+            listed, fix = conn.layout.select(conn, columns)
+            parts.append((f"SELECT {listed} FROM main.{conn.layout.table}", max(after_seq, conn.live_after), upto,
+                          fix))
+        for select, low, high, fix in parts:
+            if low >= high:
+                continue
+            cur = conn.execute(select + " WHERE seq > ? AND seq <= ? ORDER BY seq", (low, high))
+            while rows := cur.fetchmany(CHUNK):
+                if fix is None:
+                    yield from rows
+                    continue
+                for row in rows:  # the pod keys spelled as text (stream_text), inline: once per row of a scan
+                    if type(key := row[fix]) is bytes:
+                        row = list(row)  # a list: cheaper to build than a tuple, the same items
+                        row[fix] = f"pod:{key[1:5].hex()}-{key[5:11].hex('-', 2)}-{key[11:].hex()}"
+                    yield row
     except sqlite3.DatabaseError as exc:
         raise unreadable(conn.execute("PRAGMA database_list").fetchone()[2], exc) from exc
     finally:

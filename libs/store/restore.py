@@ -30,12 +30,12 @@ from libs.errors import StoreError
 from libs.events.codec import StoredEvent
 from libs.placement.recorded import ResponseSettings
 from libs.store.compact import SETTINGS_PREFIX, settings_row
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, rebuilt_row
+from libs.store.layout import layout_of
+from libs.store.rows import GENESIS_HASH, chain_hash, rebuilt_row
 from libs.store.writer import connect
 
 __all__ = ["recorded_settings", "set_aside", "swap_in", "write_restored"]
 
-_INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _COMPANIONS = ("-wal", "-shm")
 
 
@@ -49,6 +49,7 @@ def write_restored(path: Path, events: Iterable[StoredEvent], response_settings:
         leftover.unlink(missing_ok=True)
     create_schema(path)
     conn = connect(path)
+    layout = layout_of(conn)
     hashes: dict[int, str] = {}
     prev, count = GENESIS_HASH, 0
     recorded: set[bytes] = set()
@@ -63,7 +64,7 @@ def write_restored(path: Path, events: Iterable[StoredEvent], response_settings:
                 conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", settings_row(settings))
                 recorded.add(settings.digest)
             prev = chain_hash(prev, row)
-            conn.execute(_INSERT, (*row, prev))
+            layout.insert(conn, [(*row, prev)])
             hashes[stored.seq] = prev.hex()
             count += 1
         conn.execute("COMMIT")

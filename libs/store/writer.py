@@ -28,12 +28,12 @@ from libs.events.schema import Event
 from libs.placement.recorded import ResponseSettings
 from libs.store.archive import stream_head
 from libs.store.compact import remember, settings_row
+from libs.store.layout import Layout, layout_of
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
 
 __all__ = ["LogWriter"]
 
 MAX_BATCH = 512
-_INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 @dataclass(slots=True)
@@ -80,6 +80,7 @@ class LogWriter:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="eventlog-writer", daemon=True)
         self._conn: sqlite3.Connection | None = None
+        self._layout = Layout("2")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.last_seq = 0
         self._last_at = 0
@@ -92,6 +93,7 @@ class LogWriter:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._conn = connect(self.path)
+        self._layout = layout_of(self._conn)
         self._record_settings()
         self._load_tail()
         self._thread.start()
@@ -119,9 +121,9 @@ class LogWriter:
         known = self._versions.get(stream)
         if known is None:
             assert self._conn
-            row = self._conn.execute("SELECT MAX(version) FROM events WHERE stream_id = ?", (stream,)).fetchone()
-            if row[0] is None:  # no live row: the stream may have lived only in archived rows
-                row = self._archived_head(stream)
+            live = self._layout.stream_version(self._conn, stream)
+            # no live row: the stream may have lived only in archived rows
+            row = (live,) if live is not None else self._archived_head(stream)
             known = self._versions[stream] = int(row[0] or 0)
         return known
 
@@ -215,7 +217,7 @@ class LogWriter:
                                               row_hash=prev.hex()))
                 conn.execute("SAVEPOINT request")
                 try:
-                    conn.executemany(_INSERT, rows)
+                    self._layout.insert(conn, rows)
                     conn.execute("RELEASE request")
                 except sqlite3.DatabaseError as exc:
                     conn.execute("ROLLBACK TO request")

@@ -34,7 +34,7 @@ _pack = msgspec.msgpack.Encoder().encode
 
 
 def row_bytes(row: Sequence[Any]) -> bytes:
-    return _pack(tuple(row))
+    return _pack(row if type(row) in (tuple, list) else tuple(row))
 
 
 def row_leaf(row: Sequence[Any]) -> bytes:

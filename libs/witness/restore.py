@@ -34,8 +34,9 @@ from libs.errors import StoreError
 from libs.events.codec import EventRecord, from_record
 from libs.placement.recorded import ResponseSettings
 from libs.store.compact import settings_row
+from libs.store.layout import layout_of
 from libs.store.log import create_schema
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, rebuilt_row
+from libs.store.rows import GENESIS_HASH, chain_hash, rebuilt_row
 from libs.witness.audit import trusted_checkpoint
 from libs.witness.files import NodeFiles, row_leaf
 from libs.witness.merkle import CompactRange
@@ -43,7 +44,6 @@ from libs.witness.note import SignedNote, Verifier
 
 __all__ = ["RestoreReport", "install_witness_files", "restore_ledger"]
 
-_INSERT = f"INSERT INTO events ({COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 class RestoreReport(msgspec.Struct, kw_only=True):
@@ -109,7 +109,7 @@ def _write(rows: list[tuple[object, ...]], dest: Path, settings: list[ResponseSe
     try:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(_INSERT, rows)
+        layout_of(conn).insert(conn, rows)
         conn.executemany("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", [settings_row(s) for s in settings])
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -27,6 +27,7 @@ from libs.store.replay import iter_rows, open_reader
 from libs.store.rows import COLUMNS, GENESIS_HASH, row_to_stored
 from libs.store.verify import verify_log
 from services.allocator import app as allocator_app
+from tests.builders.format1 import write_format1_log
 from tests.polling import eventually
 
 EVENTS = 3_000
@@ -36,7 +37,7 @@ replay_module = importlib.import_module("libs.store.replay")  # the module (the 
 def _rows(path: Path) -> list[tuple[object, ...]]:
     conn = open_reader(path)
     try:
-        return list(iter_rows(conn, "seq, recorded_at, stream_id, version, type, payload, hash"))
+        return [tuple(r) for r in iter_rows(conn, "seq, recorded_at, stream_id, version, type, payload, hash")]
     finally:
         conn.close()
 
@@ -87,14 +88,14 @@ def test_the_live_log_still_refuses_every_other_delete_and_update(logs: tuple[Pa
     path, _ = logs
     conn = sqlite3.connect(path, isolation_level=None)
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        conn.execute("DELETE FROM events WHERE seq = 1")  # no segment holds it yet
+        conn.execute("DELETE FROM rows WHERE seq = 1")  # no segment holds it yet
     conn.close()
     archive_prefix(path, 1_000)
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        for sql in ("DELETE FROM events WHERE seq = 1500",  # not archived
-                    "DELETE FROM events WHERE seq = 2999",
-                    "UPDATE events SET version = 7 WHERE seq = 2000",
+        for sql in ("DELETE FROM rows WHERE seq = 1500",  # not archived
+                    "DELETE FROM rows WHERE seq = 2999",
+                    "UPDATE rows SET version = 7 WHERE seq = 2000",
                     "DELETE FROM archive_segments",
                     "UPDATE archive_segments SET last_seq = 5"):
             with pytest.raises(sqlite3.IntegrityError, match="append-only"):
@@ -214,7 +215,7 @@ def test_a_crash_half_way_through_the_delete(logs: tuple[Path, Path]) -> None:
     with pytest.raises(InjectedCrash):
         archive_prefix(path, 2_000, fail_after="catalog")
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("DELETE FROM events WHERE seq <= 700")  # one chunk of the prefix went, then the crash
+    conn.execute("DELETE FROM rows WHERE seq <= 700")  # one chunk of the prefix went, then the crash
     conn.close()
     report = verify_log(path)
     assert report.ok and any("still holds rows" in n for n in report.notes)
@@ -302,21 +303,13 @@ async def test_a_stream_rebuilt_after_archiving_starts_where_the_live_log_starts
 
 def test_a_log_written_before_archiving_existed_gets_the_guarded_trigger(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
-    write_log(path, synthetic(100), progress=False)
-    conn = sqlite3.connect(path, isolation_level=None)
-    for trigger in ("events_no_delete", "archive_segments_no_update", "archive_segments_no_delete",
-                    "archive_segments_contiguous"):
-        conn.execute(f"DROP TRIGGER {trigger}")
-    conn.execute("DROP TABLE archive_segments")
-    conn.execute("""CREATE TRIGGER events_no_delete BEFORE DELETE ON events
-                    BEGIN SELECT RAISE(ABORT, 'events is append-only: DELETE refused'); END""")  # as it was
-    conn.close()
+    write_format1_log(path, synthetic(100))  # format 1, no catalog, the unconditional DELETE trigger
     assert _rows(path)  # readers take a log without a catalog as it is
 
     create_schema(path)  # what the allocator's start does
     conn = sqlite3.connect(path, isolation_level=None)
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        conn.execute("DELETE FROM events WHERE seq = 1")
+        conn.execute("DELETE FROM events WHERE seq = 1")  # format 1 keeps its table
     conn.close()
     assert archive_prefix(path, 50) is not None
     assert _live(path) == (51, 100) and verify_log(path).ok

@@ -35,8 +35,9 @@ from libs.ledger.holdings import AuditFold, audit_replay, grant_device_ids
 from libs.ledger.state import LedgerState
 from libs.ledger.timeline import gpu_history, pod_history
 from libs.store import iter_events, open_reader, replay
+from libs.store.layout import layout_of
 from libs.store.log import create_schema
-from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row
+from libs.store.rows import GENESIS_HASH, chain_hash, event_row
 
 GIB = 1 << 30
 
@@ -125,7 +126,7 @@ def write_log(path: Path, events: Iterator[Event], *, progress: bool = False) ->
         command = ev.request_id if isinstance(ev, AllocationGranted) else None
         row = event_row(seq, START_NS + seq * 1_000_000, stream, versions[stream], ev, rng.randbytes(16), command)
         prev = chain_hash(prev, row)
-        conn.execute(f"INSERT INTO events ({COLUMNS}, hash) VALUES ({', '.join('?' * 10)})", (*row, prev))
+        layout_of(conn).insert(conn, [(*row, prev)])
     conn.execute("COMMIT")
     conn.close()
     return seq

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.make_log import SETTINGS, synthetic, write_log
+from bench.make_log import SETTINGS, as_format_1, synthetic, write_log
 from libs.events.codec import EventRecord, StoredEvent, from_record, to_record
 from libs.placement.recorded import ResponseSettings
 from libs.store import compact as compact_module
@@ -83,3 +83,17 @@ def test_a_log_of_body_version_1_comes_back_as_it_was(tmp_path: Path) -> None:
     restored = tmp_path / "restored.sqlite"
     write_restored(restored, stream_copy(FIXTURE), [SETTINGS])
     assert verify_log(restored).head_hash == verify_log(FIXTURE).head_hash
+
+
+def test_a_log_of_body_version_2_comes_back_as_it_was(compact_log: Path, tmp_path: Path) -> None:
+    """Grants stored as maps (version 2) and releases whole, as the release before body version 3 wrote them."""
+    old, restored = tmp_path / "v2.sqlite", tmp_path / "restored.sqlite"
+    as_format_1(compact_log, old)
+    with sqlite3.connect(old) as db:
+        versions = dict(db.execute("SELECT type, MAX(schema_v) FROM events GROUP BY type").fetchall())
+    assert versions == {"inventory.recorded": 1, "alloc.granted": compact_module.COMPACT_V2, "alloc.released": 1}
+    write_restored(restored, stream_copy(old), [DECOY, *recorded_settings(old)])
+    report = verify_log(restored)
+    assert report.ok, report.problem
+    assert report.head_hash == verify_log(old).head_hash
+    assert events_of(restored) == events_of(old) == events_of(compact_log)

@@ -66,37 +66,37 @@ def test_an_intact_log_verifies(log_path: Path) -> None:
 
 
 def test_an_edited_row_is_found(log_path: Path) -> None:
-    tamper(log_path, "UPDATE events SET payload = (SELECT payload FROM events WHERE seq = 8) WHERE seq = 7")
+    tamper(log_path, "UPDATE rows SET payload = (SELECT payload FROM events WHERE seq = 8) WHERE seq = 7")
     report = verify_log(log_path)
     assert (report.ok, report.first_bad_seq, report.last_seq) == (False, 7, 6)
     assert "edited" in report.problem
 
 
 def test_an_edited_time_is_found(log_path: Path) -> None:
-    tamper(log_path, "UPDATE events SET recorded_at = recorded_at + 1 WHERE seq = 12")
+    tamper(log_path, "UPDATE rows SET recorded_at = recorded_at + 1 WHERE seq = 12")
     assert verify_log(log_path).first_bad_seq == 12
 
 
 def test_a_deleted_row_is_found(log_path: Path) -> None:
-    tamper(log_path, "DELETE FROM events WHERE seq = 5")
+    tamper(log_path, "DELETE FROM rows WHERE seq = 5")
     report = verify_log(log_path)
     assert (report.ok, report.first_bad_seq) == (False, 5)
     assert "seq 5 is missing" in report.problem
 
 
 def test_a_deleted_row_with_the_rest_renumbered_is_found(log_path: Path) -> None:
-    tamper(log_path, "DELETE FROM events WHERE seq = 5", "UPDATE events SET seq = seq - 1 WHERE seq > 5")
+    tamper(log_path, "DELETE FROM rows WHERE seq = 5", "UPDATE rows SET seq = seq - 1 WHERE seq > 5")
     report = verify_log(log_path)
     assert (report.ok, report.first_bad_seq) == (False, 5)
 
 
 def test_reordered_rows_are_found(log_path: Path) -> None:
-    cols = "stream_id, version, type, schema_v, event_id, command_id, payload, hash"
+    cols = "stream, version, type, schema_v, event_id, command_id, payload, hash"
     tamper(log_path,
-           f"CREATE TEMP TABLE t AS SELECT seq, {cols} FROM events WHERE seq IN (9, 10)",
-           "UPDATE events SET event_id = randomblob(16) WHERE seq IN (9, 10)",  # free the unique keys
-           "UPDATE events SET version = version + 1000 WHERE seq IN (9, 10)",
-           *(f"UPDATE events SET ({cols}) = (SELECT {cols} FROM t WHERE t.seq = {other}) WHERE seq = {seq}"
+           f"CREATE TEMP TABLE t AS SELECT seq, {cols} FROM rows WHERE seq IN (9, 10)",
+           "UPDATE rows SET event_id = randomblob(16) WHERE seq IN (9, 10)",  # free the unique keys
+           "UPDATE rows SET version = version + 1000 WHERE seq IN (9, 10)",
+           *(f"UPDATE rows SET ({cols}) = (SELECT {cols} FROM t WHERE t.seq = {other}) WHERE seq = {seq}"
              for seq, other in ((9, 10), (10, 9))))
     report = verify_log(log_path)
     assert (report.ok, report.first_bad_seq) == (False, 9)
@@ -104,7 +104,7 @@ def test_reordered_rows_are_found(log_path: Path) -> None:
 
 def test_rows_cut_off_the_end_are_found_against_the_snapshot(log_path: Path) -> None:
     save_snapshot(log_path, load_state(log_path).state)
-    tamper(log_path, "DELETE FROM events WHERE seq > 17")
+    tamper(log_path, "DELETE FROM rows WHERE seq > 17")
     run = gpuledger("audit", "verify", "--state-dir", str(log_path.parent))
     assert run.returncode == 1, run.stdout + run.stderr
     assert "NOT INTACT at seq 18" in run.stdout and "cut off the end" in run.stdout
@@ -113,7 +113,7 @@ def test_rows_cut_off_the_end_are_found_against_the_snapshot(log_path: Path) -> 
 def test_the_cli_reports_ok_and_the_first_bad_seq(log_path: Path) -> None:
     run = gpuledger("audit", "verify", "--state-dir", str(log_path.parent))
     assert run.returncode == 0 and "intact. 20 events" in run.stdout
-    tamper(log_path, "UPDATE events SET command_id = 'forged' WHERE seq = 3")
+    tamper(log_path, "UPDATE rows SET command_id = 'forged' WHERE seq = 3")
     run = gpuledger("audit", "verify", "--state-dir", str(log_path.parent))
     assert run.returncode == 1
     assert "NOT INTACT at seq 3" in run.stdout and "intact up to seq 2" in run.stdout
@@ -191,8 +191,11 @@ async def test_the_allocator_refuses_a_corrupt_file_with_a_clear_error(log_path:
 
 def test_a_damaged_page_is_reported_by_verify(log_path: Path) -> None:
     page_size = 4096
+    conn = sqlite3.connect(log_path)
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'rows'").fetchone()[0]
+    conn.close()
     with open(log_path, "r+b") as f:
-        f.seek(page_size + 10)  # page 2 holds the events table (8 pages in all for 20 events)
+        f.seek(page_size * (root - 1) + 10)  # the page holding the rows (20 events fit in one)
         f.write(b"\xff" * 3000)
     report = verify_log(log_path)
     assert not report.ok

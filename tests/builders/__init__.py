@@ -1,7 +1,8 @@
 """Builders the test areas share: pod manifests, the settings of a simulated node, filler events.
 
 Beside them: ``tests.builders.cgroups`` (fake cgroup trees and /proc files) and ``tests.builders.elf``
-(shared objects and ld.so.cache files written byte by byte).
+(shared objects and ld.so.cache files written byte by byte), ``tests.builders.format1`` (logs in the row
+format before format 2).
 """
 
 from __future__ import annotations

@@ -72,11 +72,11 @@ async def test_what_is_read_back_is_what_was_appended(tmp_path: Path) -> None:
     conn = open_reader(path)
     try:
         assert [s.event for s in iter_events(conn)] == events
-        bodies = conn.execute("SELECT schema_v, payload FROM events ORDER BY seq").fetchall()
+        bodies = conn.execute("SELECT type, schema_v, payload FROM events ORDER BY seq").fetchall()
     finally:
         conn.close()
-    assert {v for v, _ in bodies} == {compact_module.COMPACT_V}
-    kept = [b"response" in p for _, p in bodies]
+    assert {v for _, v, _ in bodies} == {compact_module.COMPACT_V}
+    kept = [compact_module.decode_compact(t, v, p).response is not None for t, v, p in bodies]  # type: ignore[union-attr]
     assert kept == [False, False, False, True, True, False, False]  # only those the settings cannot build
 
 

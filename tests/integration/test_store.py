@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 
 from libs.errors import CorruptLog, StoreError
-from libs.events.schema import AllocationReleased
+from libs.events.schema import AllocationReleased, InventoryRecorded
 from libs.ledger.state import LedgerState
-from libs.store import EventLog, open_reader, replay, seq_at_time
-from libs.store.rows import GENESIS_HASH, chain_hash
+from libs.store import EventLog, iter_events, open_reader, replay, seq_at_time
+from libs.store.replay import iter_rows
+from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash
+from libs.store.verify import verify_log
 from libs.store.writer import LogWriter
+from tests.builders.format1 import write_format1_log
 
 
 def released(i: int, pod: str = "p") -> AllocationReleased:
@@ -49,12 +52,17 @@ async def test_sqlite_refuses_edits_gaps_and_time_travel(event_log: EventLog) ->
     await event_log.append([released(1), released(2)])
     conn = sqlite3.connect(event_log.path)
     for sql, text in [
-        ("UPDATE events SET type = 'x' WHERE seq = 1", "append-only"),
-        ("DELETE FROM events WHERE seq = 2", "append-only"),
-        ("INSERT INTO events SELECT seq + 5, stream_id, version + 5, type, schema_v, randomblob(16), NULL, "
-         "recorded_at, payload, hash FROM events WHERE seq = 2", "max\\(seq\\) \\+ 1"),
-        ("INSERT INTO events SELECT seq + 1, stream_id, version + 5, type, schema_v, randomblob(16), NULL, "
-         "recorded_at - 1, payload, hash FROM events WHERE seq = 2", "backwards"),
+        ("UPDATE rows SET type = 7 WHERE seq = 1", "append-only"),
+        ("DELETE FROM rows WHERE seq = 2", "append-only"),
+        ("UPDATE types SET name = 'x'", "append-only"),
+        ("DELETE FROM types", "append-only"),
+        ("INSERT INTO rows SELECT seq + 5, recorded_at, stream, version + 5, type, schema_v, randomblob(16), NULL, "
+         "payload, hash FROM rows WHERE seq = 2", "max\\(seq\\) \\+ 1"),
+        ("INSERT INTO rows SELECT seq + 1, recorded_at - 1, stream, version + 5, type, schema_v, randomblob(16), "
+         "NULL, payload, hash FROM rows WHERE seq = 2", "backwards"),
+        ("INSERT INTO rows SELECT seq + 1, recorded_at, stream, version, type, schema_v, randomblob(16), "
+         "NULL, payload, hash FROM rows WHERE seq = 2", "UNIQUE"),  # one event per version of a stream
+        ("UPDATE events SET type = 'x' WHERE seq = 1", "view"),  # what readers see is not a table
     ]:
         with pytest.raises(sqlite3.DatabaseError, match=text):
             conn.execute(sql)
@@ -124,8 +132,8 @@ async def test_a_corrupt_payload_is_reported_with_its_seq(tmp_path: Path) -> Non
     await event_log.close()
     conn = sqlite3.connect(path)
     conn.execute("DROP TRIGGER events_dense_seq")  # a damaged file, written by something that is not us
-    conn.execute("INSERT INTO events VALUES (2, 's', 1, 'alloc.released', 1, randomblob(16), NULL, "
-                 "(SELECT recorded_at FROM events WHERE seq = 1), x'c1c1c1', x'00')")
+    conn.execute("INSERT INTO rows VALUES (2, (SELECT recorded_at FROM rows WHERE seq = 1), 's', 1, "
+                 "(SELECT id FROM types WHERE name = 'alloc.released'), 1, randomblob(16), NULL, x'c1c1c1', x'00')")
     conn.commit()
     conn.close()
     with pytest.raises(CorruptLog, match="seq=2"):
@@ -165,3 +173,58 @@ async def test_each_commit_hands_its_new_events_over_once(event_log: EventLog) -
     await asyncio.wait_for(caught_up.wait(), 5)  # the hand-over runs on the loop right after each commit
     assert handed == list(range(1, event_log.last_seq + 1))
     assert event_log.last_seq == 5
+
+
+async def test_a_format_1_log_is_read_and_appended_in_its_own_format(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    write_format1_log(path, [released(1), released(2)])
+    before = verify_log(path)
+    event_log = await EventLog.open(path)
+    try:
+        stored = await event_log.append([released(3), released(1)])
+    finally:
+        await event_log.close()
+    assert [(e.seq, e.version) for e in stored] == [(3, 3), (4, 4)]  # the stream continues (found by its text)
+    conn = sqlite3.connect(path)
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "rows" not in tables and conn.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 4
+    conn.close()
+    after = verify_log(path)
+    assert before.ok and after.ok and after.last_seq == 4
+    assert [e.seq for e in iter_events(open_reader(path))] == [1, 2, 3, 4]
+    reopened = await EventLog.open(path)
+    try:  # the outbox relay's read, in format 1
+        assert [(e.seq, e.stream_id, e.event) for e in await reopened.read_after(1)] == [
+            (2, "pod:p", released(2)), *((e.seq, e.stream_id, e.event) for e in stored)]
+    finally:
+        await reopened.close()
+
+
+async def test_a_format_2_row_reads_back_as_it_was_hashed(event_log: EventLog) -> None:
+    uid = "0a1b2c3d-0000-4000-8000-00000000abcd"
+    stored = await event_log.append([AllocationReleased(alloc_id="a", pod_uid=uid, container="c", reason="deleted"),
+                                     AllocationReleased(alloc_id="b", pod_uid="not-a-uuid", container="c",
+                                                        reason="deleted")])
+    conn = sqlite3.connect(event_log.path)
+    keys = [k for (k,) in conn.execute("SELECT stream FROM rows ORDER BY seq")]
+    assert keys == [b"\x01" + bytes.fromhex(uid.replace("-", "")), "pod:not-a-uuid"]
+    conn.close()
+    assert [e.stream_id for e in iter_events(open_reader(event_log.path))] == [e.stream_id for e in stored]
+    assert verify_log(event_log.path).ok  # the hashes of the rows as the view gives them back
+
+
+async def test_the_scans_read_the_rows_as_the_view_gives_them(event_log: EventLog) -> None:
+    """Replay, verify, the witness and the relay read format 2's table itself, not the view: the same rows."""
+    uid = "0a1b2c3d-0000-4000-8000-00000000abcd"
+    await event_log.append([released(1, uid), released(2, "not-a-uuid")])
+    relayed = await event_log.read_after(0)  # the relay now knows the types of these rows
+    await event_log.append([InventoryRecorded(node="n", backend="fake", gpus=()), released(3, uid)])  # a new type
+    conn = sqlite3.connect(event_log.path)
+    viewed = conn.execute(f"SELECT {COLUMNS}, hash FROM events ORDER BY seq").fetchall()
+    conn.close()
+    assert [tuple(r) for r in iter_rows(open_reader(event_log.path), f"{COLUMNS}, hash")] == viewed
+    assert [tuple(r) for r in iter_rows(open_reader(event_log.path), "type, seq, stream_id")] == [
+        (r[4], r[0], r[2]) for r in viewed]
+    relayed += await event_log.read_after(2)
+    assert [(e.seq, e.stream_id, e.event.__struct_config__.tag, e.row_hash) for e in relayed] == [
+        (r[0], r[2], r[4], r[9].hex()) for r in viewed]

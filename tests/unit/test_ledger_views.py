@@ -7,8 +7,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from libs.events.schema import EVENT_TYPES
-from libs.ledger.views import VIEWS
+from libs.events.codec import StoredEvent, encode_body
+from libs.events.schema import EVENT_TYPES, AllocationGranted, AllocationReleased, ContainerResponse, GpuShare
+from libs.ledger.views import VIEW_DECODERS, VIEWS, VIEWS_3, view_of
+from libs.store.compact import BODIES_3, COMPACT_V, COMPACT_V2, compact_body, expand
 
 
 @pytest.mark.parametrize("view", list(VIEWS), ids=lambda v: v.__name__)
@@ -27,3 +29,41 @@ def test_every_event_with_a_view_is_listed_once() -> None:
     tags = [v.__struct_config__.tag for v in VIEWS]
     assert len(tags) == len(set(tags))
     assert set(VIEWS.values()) <= set(EVENT_TYPES.values())
+
+
+@pytest.mark.parametrize("tag", list(BODIES_3))
+def test_a_version_3_body_starts_with_its_view(tag: str) -> None:
+    """A version 3 body (an array) decodes as its view only if the view's fields come first, in its order,
+    with the same types."""
+    view, body = VIEWS_3[tag], BODIES_3[tag]
+    viewed = [(f.name, f.type) for f in msgspec.structs.fields(view)]
+    assert [(f.name, f.type) for f in msgspec.structs.fields(body)][:len(viewed)] == viewed
+    assert view.__struct_config__.array_like and body.__struct_config__.array_like
+
+
+def test_the_views_read_each_stored_form_of_a_grant_and_a_release() -> None:
+    share = GpuShare(index=1, uuid="GPU-1", minor=1, cores=30, memory=1 << 30)
+    grant = AllocationGranted(alloc_id="a1", request_id="r1", pod_uid="u1", namespace="ns", pod_name="p",
+                              container="c", container_index=0, cores=30, memory=1 << 30,
+                              device_ids=("tencent.com/vcuda-core-3",), shares=(share,), core_limit=40,
+                              response=ContainerResponse(envs={"A": "1"}))
+    release = AllocationReleased(alloc_id="a1", pod_uid="u1", container="c", reason="deleted")
+    for version in (COMPACT_V, COMPACT_V2, 1):
+        for event in (grant, release):
+            tag = event.__struct_config__.tag
+            if version == 1:
+                body = encode_body(event)
+            else:
+                body = compact_body(event, None, version)
+                if body is None:  # a release had no version 2
+                    continue
+            decode = VIEW_DECODERS[(tag, version if version != 1 else event.SCHEMA)]
+            view = decode(body)  # type: ignore[operator]
+            assert view_of_fields(view) == view_of_fields(view_of(StoredEvent(
+                seq=1, recorded_at=1, stream_id="s", version=1, event_id="00", event=event))), (tag, version)
+            if version != 1:
+                assert expand(tag, version, body, None) == event
+
+
+def view_of_fields(view: object) -> dict[str, object]:
+    return {f: getattr(view, f) for f in view.__struct_fields__}  # type: ignore[attr-defined]

@@ -17,11 +17,11 @@ def rewrite_forward(path: Path, seq: int, *, command_id: str = "forged") -> None
     try:
         for trigger in TRIGGERS:
             conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
-        conn.execute("UPDATE events SET command_id = ? WHERE seq = ?", (command_id, seq))
+        conn.execute("UPDATE rows SET command_id = ? WHERE seq = ?", (command_id, seq))
         prev = GENESIS_HASH
         for row in conn.execute(f"SELECT {COLUMNS} FROM events ORDER BY seq").fetchall():
             prev = chain_hash(prev, row)
             if row[0] >= seq:
-                conn.execute("UPDATE events SET hash = ? WHERE seq = ?", (prev, row[0]))
+                conn.execute("UPDATE rows SET hash = ? WHERE seq = ?", (prev, row[0]))
     finally:
         conn.close()

@@ -44,7 +44,7 @@ async def test_rows_cut_off_the_end_are_named(tmp_path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     for trigger in TRIGGERS:
         conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
-    conn.execute("DELETE FROM events WHERE seq > 7")
+    conn.execute("DELETE FROM rows WHERE seq > 7")
     conn.close()
     report = verify_against_witness(path, files, witness_key=witness.verifier)
     assert (report.ok, report.first_bad_seq) == (False, 8) and "removed" in report.problem
