@@ -67,6 +67,7 @@ from services.allocator.prestart import check_allocation
 __all__ = ["Allocator"]
 
 _VCORE_ID = re.compile(r"^tencent\.com/vcuda-core-(\d+)$")
+_ROOM_ATTEMPTS = 3  # placements tried while releases keep changing the state, before a refusal
 _NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notification before asking
 _FETCH_AFTER = 0.005  # a pod's notification is usually in by then: later, fetch the pod rather than wait on
 _FETCH_AT_MOST = 3  # pods the kubelet lists and our copy lacks, fetched by name; more: our copy is behind
@@ -129,12 +130,19 @@ class Allocator:
 
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
         try:
-            try:
-                return await self._allocate(req)
-            except NoRoom:  # room that only dead pods hold is room: free it, then place again
-                if not await self._release_gone_holders():
-                    raise
-                return await self._allocate(req)
+            for attempt in range(_ROOM_ATTEMPTS):
+                seq = self.state.seq
+                try:
+                    return await self._allocate(req)
+                except NoRoom:
+                    # Room that only dead pods hold is room: free it, then place again. And a refusal
+                    # must stand against the latest state: a release recorded meanwhile (the watchdog's,
+                    # while this request looked for gone holders) may have made the room (chaos bench:
+                    # refused 5 ms after the release that freed the second GPU).
+                    released = await self._release_gone_holders()
+                    if attempt == _ROOM_ATTEMPTS - 1 or not (released or self.state.seq != seq):
+                        raise
+            raise AssertionError("unreachable")  # the last attempt returns or raises
         except ServiceError as exc:
             await self._refuse(req, exc.message)
             raise
