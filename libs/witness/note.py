@@ -76,6 +76,18 @@ def _public_bytes(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+def _key_bytes(role: str, name: str, blob: str, kind: str) -> bytes:
+    """The algorithm byte and the 32 key bytes of a verifier or signer key's base64 part, checked."""
+    _check_name(name)
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except binascii.Error as exc:
+        raise NoteError(f"the {role} key {name} is not base64: {exc}") from exc
+    if len(raw) != 33 or raw[0] not in (ALG_ED25519, ALG_COSIGNATURE_V1):
+        raise NoteError(f"the {role} key {name} is not {kind}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Verifier:
     """A public key with its name and algorithm (0x01 note signer, 0x04 witness)."""
@@ -97,13 +109,7 @@ class Verifier:
         if len(parts) != 3:
             raise NoteError(f"not a verifier key (<name>+<id>+<key>): {text.strip()!r}")
         name, hex_id, blob = parts
-        _check_name(name)
-        try:
-            raw = base64.b64decode(blob, validate=True)
-        except binascii.Error as exc:
-            raise NoteError(f"the verifier key {name} is not base64: {exc}") from exc
-        if len(raw) != 33 or raw[0] not in (ALG_ED25519, ALG_COSIGNATURE_V1):
-            raise NoteError(f"the verifier key {name} is not an Ed25519 note or cosignature key")
+        raw = _key_bytes("verifier", name, blob, "an Ed25519 note or cosignature key")
         verifier = cls(name, raw[0], raw[1:])
         if verifier.id.hex() != hex_id.lower():
             raise NoteError(f"the verifier key {name} names key ID {hex_id} but its key gives {verifier.id.hex()}")
@@ -161,13 +167,7 @@ class Signer:
         if len(parts) != 5 or parts[:2] != ["PRIVATE", "KEY"]:
             raise NoteError("not a signer key (PRIVATE+KEY+<name>+<id>+<key>)")
         _, _, name, hex_id, blob = parts
-        _check_name(name)
-        try:
-            raw = base64.b64decode(blob, validate=True)
-        except binascii.Error as exc:
-            raise NoteError(f"the signer key {name} is not base64: {exc}") from exc
-        if len(raw) != 33 or raw[0] not in (ALG_ED25519, ALG_COSIGNATURE_V1):
-            raise NoteError(f"the signer key {name} is not an Ed25519 key")
+        raw = _key_bytes("signer", name, blob, "an Ed25519 key")
         signer = cls(name, raw[0], raw[1:])
         if signer.verifier.id.hex() != hex_id.lower():
             raise NoteError(f"the signer key {name} names key ID {hex_id} but its key gives another")
