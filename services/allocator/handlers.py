@@ -130,31 +130,31 @@ class Allocator:
 
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
         try:
-            for attempt in range(_ROOM_ATTEMPTS):
+            attempts = _ROOM_ATTEMPTS
+            while True:
                 seq = self.state.seq
                 try:
                     return await self._allocate(req)
                 except NoRoom:
                     # Room that only dead pods hold is room: free it, then place again. And a refusal
-                    # must stand against the latest state: a release recorded meanwhile (the watchdog's,
-                    # while this request looked for gone holders) may have made the room (chaos bench:
-                    # refused 5 ms after the release that freed the second GPU).
-                    released = await self._release_gone_holders()
-                    if attempt == _ROOM_ATTEMPTS - 1 or not (released or self.state.seq != seq):
+                    # must stand against the latest state: a release recorded meanwhile (ours, or the
+                    # watchdog's while this request looked for gone holders) may have made the room
+                    # (chaos bench: refused 5 ms after the release that freed the second GPU).
+                    await self._release_gone_holders()
+                    attempts -= 1
+                    if not attempts or self.state.seq == seq:
                         raise
-            raise AssertionError("unreachable")  # the last attempt returns or raises
         except ServiceError as exc:
             await self._refuse(req, exc.message)
             raise
 
-    async def _release_gone_holders(self) -> bool:
-        """Release the allocations of pods gone from the node (liveness.py); whether any were."""
+    async def _release_gone_holders(self) -> None:
+        """Release the allocations of pods gone from the node (liveness.py)."""
         gone = await gone_holders(self.state, self.kubelet, self.pod_cache.pods if self.pod_cache else None)
         if gone:
             await self._move_misattributed_grants(gone[0])  # one kubelet List for all of them
         for uid in gone:
             await self._release_recorded(ReleaseRequest(pod_uid=uid, reason=GONE_AT_ALLOCATE))
-        return bool(gone)
 
     async def _allocate(self, req: AllocateRequest) -> AllocateReply:
         self._check_devices(req.resource, req.device_ids)
