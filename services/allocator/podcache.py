@@ -36,7 +36,6 @@ class PodCache:
         self.version = 0
         self._changed = asyncio.Condition()
         self.resyncs = 0      # resyncs that replaced the cache (for tests and logs)
-        self._stale = True    # notifications may have been lost since the last resync that worked
         self._due = asyncio.Event()  # a resync is due now (see kick())
         self._failures = 0  # resyncs failed in a row
 
@@ -48,7 +47,6 @@ class PodCache:
 
     def kick(self) -> None:
         """Resync now (from ``resync_forever``), not at the next period."""
-        self._stale = True
         self._due.set()
 
     async def resync(self, timeout: float) -> None:
@@ -59,10 +57,8 @@ class PodCache:
             if self._failures % 30 == 0:  # retried every RETRY_S: one line when it starts, then now and then
                 _logger.info("pod cache not synced from the watchdog yet", error=str(exc), tries=self._failures + 1)
             self._failures += 1
-            self._stale = True
             return
         self.pods = {p.uid: p for p in reply.pods}
-        self._stale = False
         self._failures = 0
         self.resyncs += 1
         await self._bump()
@@ -70,7 +66,7 @@ class PodCache:
     async def resync_forever(self, period: float, timeout: float) -> None:
         """Every ``period``; at once after ``kick()``; every ``RETRY_S`` while a resync fails."""
         while True:
-            wait = min(RETRY_S, period) if self._stale else period
+            wait = min(RETRY_S, period) if self._failures else period
             try:
                 async with asyncio.timeout(wait):
                     await self._due.wait()
