@@ -194,7 +194,11 @@ async def watch_pods(request: web.Request, match: Selector, store: Any = None, k
             if bookmarks:
                 wait = min(wait, next_bookmark - now)
             try:
-                event = await asyncio.wait_for(watcher.queue.get(), max(wait, 0))
+                # asyncio.timeout, not wait_for: wait_for runs the get in a task of its own, which
+                # wakes this handler loop turns after the kubelet's admission, woken by the same
+                # change; a real API server fans an event out to every watcher, the kubelet among them.
+                async with asyncio.timeout(max(wait, 0)):
+                    event = await watcher.queue.get()
             except TimeoutError:
                 if request.transport is None or request.transport.is_closing():
                     break

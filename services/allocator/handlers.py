@@ -13,6 +13,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from libs.bus.client import Bus
 from libs.commands import (
@@ -67,6 +68,7 @@ from services.allocator.prestart import check_allocation
 __all__ = ["Allocator"]
 
 _VCORE_ID = re.compile(r"^tencent\.com/vcuda-core-(\d+)$")
+WITHDRAWN = "withdrawn at allocate"  # a release's reason: recorded for a pod the kubelet was not admitting
 _ROOM_ATTEMPTS = 3  # placements tried while releases keep changing the state, before a refusal
 _NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notification before asking
 _FETCH_AFTER = 0.005  # a pod's notification is usually in by then: later, fetch the pod rather than wait on
@@ -92,8 +94,9 @@ class Allocator:
         self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
         self._kubelet_warned = False
         self.hami = HamiDelivery.from_settings(settings)
-        # request id -> (received, decided, appended) perf_counter marks of a grant, until its reply is out
-        self._marks: dict[str, tuple[float, float, float]] = {}
+        # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
+        self._marks: dict[str, tuple[float, float, float, float]] = {}
+        self._withdrawn: dict[str, int] = {}  # request id -> its grants withdrawn so far (see _confirmed)
 
     @property
     def state(self) -> LedgerState:
@@ -125,10 +128,17 @@ class Allocator:
         """The reply is out: tell the observer the grant's steps (none for a retry answered from state)."""
         marks = self._marks.pop(req.request_id, None)
         if marks is not None:
-            received, decided, appended = marks
-            self.observer.allocate_hops(decided - received, appended - decided, time.perf_counter() - appended)
+            received, decided, appended, confirmed = marks
+            self.observer.allocate_hops(decided - received, appended - decided, confirmed - appended,
+                                        time.perf_counter() - confirmed)
 
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
+        try:
+            return await self._placed(req)
+        finally:
+            self._withdrawn.pop(req.request_id, None)
+
+    async def _placed(self, req: AllocateRequest) -> AllocateReply:
         try:
             attempts = _ROOM_ATTEMPTS
             while True:
@@ -183,7 +193,7 @@ class Allocator:
 
     async def _pick(
         self, pods: list[Pod], cores: int, view: _KubeletView, *, last_resort: bool = False,
-    ) -> Candidate | None:
+    ) -> _Choice | None:
         """The pod and container the request is for: of the candidates, the first that the kubelet
         may be admitting, per its pod-resources; without its answer, the first, as gpu-manager.
         Even a single candidate is checked (issue 13): after an outage our view of the pods can be
@@ -192,18 +202,23 @@ class Allocator:
         any check could move it to the container the kubelet gave the devices to.
         ``last_resort``: the pods are fresh from the API server and none the kubelet lists fits,
         so guess rather than fail (a later check corrects a wrong guess). The answer holds until
-        the caller's next await: grant under the lock, re-checked."""
+        the caller's next await: grant under the lock, re-checked.
+        A single candidate, before the kubelet has answered, is taken unconfirmed: the kubelet's
+        answer can then only confirm it or send the caller on looking, so the grant is recorded
+        while the List runs, and checked against it before the reply (``_grant``)."""
         pods = await self._drop_rejected(pods, view)
         found = candidates(pods, self.state, cores)
         if not found:
             return None
+        if len(found) == 1 and (last_resort or not view.answered):
+            return _Choice(found[0], confirm=not last_resort)  # last resort: taken whatever the List says
         record = await view.get(self.settings.request_timeout)
         if record is None:
-            return found[0]
+            return _Choice(found[0])
         narrowed = [c for c in found if record.admitting(c.pod)]
         if narrowed:
-            return narrowed[0]
-        return found[0] if last_resort else None
+            return _Choice(narrowed[0])
+        return _Choice(found[0]) if last_resort else None
 
     async def _drop_rejected(self, pods: list[Pod], view: _KubeletView) -> list[Pod]:
         """``pods`` less those part-way through admission (some GPU containers granted, not all)
@@ -252,9 +267,9 @@ class Allocator:
                 unavailable: ServiceError | None = exc  # the watchdog may still be starting: retry in time
             else:
                 unavailable = None
-                candidate = await self._pick(pods, cores, view, last_resort=fresh)
-                if candidate is not None and (reply := await self._grant(req, candidate, deadline,
-                                                                         lookups=lookups, started=started)):
+                choice = await self._pick(pods, cores, view, last_resort=fresh)
+                if choice is not None and (reply := await self._grant(req, choice, view, deadline,
+                                                                      lookups=lookups, started=started)):
                     self.observer.pod_found("listed")
                     return reply
             # The pod may not have reached the watchdog's cache yet: ask the API server directly next.
@@ -285,10 +300,10 @@ class Allocator:
                 version = cache.version
                 fetched = fetch.result() if fetch is not None and fetch.done() else []
                 pending = cache.pending()
-                candidate = await self._pick(_with_fetched(pending, fetched), cores, view)
-                if candidate is not None and (reply := await self._grant(req, candidate, deadline,
-                                                                         lookups=lookups, started=started)):
-                    notified = any(p.uid == candidate.pod.uid for p in pending)
+                choice = await self._pick(_with_fetched(pending, fetched), cores, view)
+                if choice is not None and (reply := await self._grant(req, choice, view, deadline,
+                                                                      lookups=lookups, started=started)):
+                    notified = any(p.uid == choice.candidate.pod.uid for p in pending)
                     self.observer.pod_found("notification" if notified else "fetched")
                     return reply
                 if fetch is None:
@@ -325,10 +340,14 @@ class Allocator:
         return [p for p in pods if (p.metadata.namespace, p.metadata.name) == (namespace, name)]
 
     async def _grant(
-        self, req: AllocateRequest, cand: Candidate, deadline: float, *, lookups: int, started: float,
+        self, req: AllocateRequest, choice: _Choice, view: _KubeletView, deadline: float, *,
+        lookups: int, started: float,
     ) -> AllocateReply | None:
-        """Grant ``cand`` the request, or None when the container was granted something meanwhile
-        (checked, with the placement, under the ledger's lock)."""
+        """Grant the chosen container the request, or None when it was granted something meanwhile
+        (checked, with the placement, under the ledger's lock), or when the kubelet's List, awaited
+        after the append for an unconfirmed choice, says the kubelet is not admitting that pod: the
+        grant is then withdrawn (released) before anything was answered, and the caller looks on."""
+        cand = choice.candidate
         pod, container = cand.pod, cand.container
         cores = len(req.device_ids)
         memory = container.vmemory * MEMORY_BLOCK
@@ -357,21 +376,47 @@ class Allocator:
             timing["appending"] = time.perf_counter()
             return [event]
 
-        stored = await self.ledger.record(decide, command_id=req.request_id)
+        # A grant withdrawn earlier for this request holds its id in the log, where a command id
+        # stands for what it recorded (a retry gets those events back): the next try needs its own.
+        tries = self._withdrawn.get(req.request_id, 0)
+        stored = await self.ledger.record(decide, command_id=f"{req.request_id}.{tries}" if tries else req.request_id)
         if not stored:
             return None
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
+        appended = time.perf_counter()
+        if choice.confirm and not await self._confirmed(granted, pod, view):
+            return None
         done = time.perf_counter()
         appending = timing.pop("appending")
-        self._marks[req.request_id] = (started, appending, done)
-        append_ms = round((done - appending) * 1000, 2)
+        self._marks[req.request_id] = (started, appending, appended, done)
         _logger.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
                   gpus=[s.index for s in granted.shares], seq=stored[0].seq, request_id=req.request_id,
-                  append_ms=append_ms, **timing, total_ms=round((done - started) * 1000, 2))
+                  append_ms=round((appended - appending) * 1000, 2), confirm_ms=round((done - appended) * 1000, 2),
+                  **timing, total_ms=round((done - started) * 1000, 2))
         if not is_predicated(pod):
             # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply).
             self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False)
         return _reply(granted)
+
+    async def _confirmed(self, granted: Allocation, pod: Pod, view: _KubeletView) -> bool:
+        """True when the kubelet's List (or its silence) lets an unconfirmed grant stand; else the
+        grant is released, nothing having been answered for it."""
+        record = await view.get(self.settings.request_timeout)
+        if record is None or record.admitting(pod):
+            return True
+        reason = f"{WITHDRAWN}: the kubelet is not admitting pod {pod.key}"
+
+        def decide(state: LedgerState) -> list[Event]:
+            if granted.alloc_id not in state.allocations:
+                return []
+            return [AllocationReleased(alloc_id=granted.alloc_id, pod_uid=granted.pod_uid,
+                                       container=granted.container, reason=reason)]
+
+        await self.ledger.record(decide)
+        self._withdrawn[granted.request_id] = self._withdrawn.get(granted.request_id, 0) + 1
+        _logger.info("grant withdrawn before its reply", pod=pod.key, container=granted.container,
+                     alloc_id=granted.alloc_id, reason=reason)
+        return False
 
     def _choose(self, req: AllocateRequest, cand: Candidate, cores: int, memory: int) -> tuple[GpuShare, ...]:
         """Where the container goes: on its init containers' GPUs when it reuses their kubelet
@@ -650,6 +695,11 @@ class _Lookup:
             self._task.cancel()
 
 
+class _Choice(NamedTuple):
+    candidate: Candidate
+    confirm: bool = False  # taken before the kubelet's List answered: check it before replying
+
+
 class _KubeletView:
     """The kubelet's pod-resources List for one Allocate: started at receipt (or on the first
     ``get``), shared after."""
@@ -661,6 +711,11 @@ class _KubeletView:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._fetch())
+
+    @property
+    def answered(self) -> bool:
+        """The List is over (answered, or failed: ``get`` then returns at once)."""
+        return self._task is not None and self._task.done()
 
     async def get(self, timeout: float) -> KubeletRecord | None:
         """The record, or None when the kubelet did not answer within ``timeout``."""

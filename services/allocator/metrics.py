@@ -193,12 +193,13 @@ class AllocatorMetrics(AllocatorObserver):
                               "Granted Allocates, by how their pod was found (notification, fetched, listed)",
                               ["via"], registry=self.registry)
         hops = hop_histogram(self.registry)
-        self._decide, self._append_fsync, self._reply = (hops.labels(hop=h) for h in ("decide", "append_fsync",
-                                                                                      "reply"))
+        self._decide, self._append_fsync, self._confirm, self._reply = (
+            hops.labels(hop=h) for h in ("decide", "append_fsync", "confirm", "reply"))
 
-    def allocate_hops(self, decide: float, append: float, reply: float) -> None:
+    def allocate_hops(self, decide: float, append: float, confirm: float, reply: float) -> None:
         self._decide.observe(decide)
         self._append_fsync.observe(append)
+        self._confirm.observe(confirm)
         self._reply.observe(reply)
 
     def allocate_done(self, seconds: float, error: BaseException | None) -> None:

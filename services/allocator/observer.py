@@ -17,10 +17,12 @@ class AllocatorObserver:
         """An Allocate answered ``seconds`` after its receipt (its refusal's record included);
         ``error`` is what it raised, None when it granted."""
 
-    def allocate_hops(self, decide: float, append: float, reply: float) -> None:
+    def allocate_hops(self, decide: float, append: float, confirm: float, reply: float) -> None:
         """A granted Allocate's steps, in seconds: ``decide`` from receipt to the event ready to append
         (pod lookup, matching, placement, response), ``append`` the durable append (fsync included),
-        ``reply`` from the append's return to the reply handed to the bus (fold, encode, publish)."""
+        ``confirm`` the wait after it for the kubelet's pod-resources List that confirms a pod taken
+        before the List answered (0 when it had answered by then), ``reply`` from there to the reply
+        handed to the bus (encode, publish)."""
 
     def pod_found(self, via: str) -> None:
         """A granted Allocate's pod was found ``via`` "notification" (our copy of the watchdog's),
