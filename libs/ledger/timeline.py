@@ -26,6 +26,7 @@ from libs.ledger.views import (
     InventoryView,
     ReleaseView,
     iter_views,
+    plain,
     view_tag,
 )
 from libs.store.replay import open_reader
@@ -107,7 +108,8 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
     out: list[Entry] = []
     conn = open_reader(path)
     try:
-        for seq, at, view in iter_views(conn):
+        for seq, at, packed in iter_views(conn):
+            view = plain(packed)  # text ids and GpuShare, whatever the body version
             if isinstance(view, GrantView):
                 live[view.alloc_id] = (view.namespace, view.pod_name, view.cores)
                 if named(view.pod_uid, view.namespace, view.pod_name):
@@ -151,7 +153,8 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
     out: list[Entry] = []
     conn = open_reader(path)
     try:
-        for seq, at, view in iter_views(conn):
+        for seq, at, packed in iter_views(conn):
+            view = plain(packed)  # text ids and GpuShare, whatever the body version
             if isinstance(view, GrantView):
                 mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
                 if mine:
