@@ -40,6 +40,7 @@ from libs.ledger.views import (
     View,
     iter_views,
     plain,
+    request_id_in_row,
     view_of,
 )
 from libs.store.packed import hex_text, pack_uuid, uuid_text
@@ -195,7 +196,8 @@ class AuditFold:
             for key, (seq, at, raw) in sorted(self.live.items(), key=lambda t: t[1][0])
             for g in (plain(raw),)
         ]
-        _fill_event_ids(conn, holders)
+        in_row = {seq for seq, _, raw in self.live.values() if request_id_in_row(raw)}
+        _fill_event_ids(conn, holders, in_row)
         gpus = {g.index: GpuHolding(index=g.index, uuid=g.uuid, memory_total=g.memory) for g in self.gpus}
         for gpu in gpus.values():
             health = self.health.get(gpu.uuid)  # by uuid, as LedgerState: health follows a GPU that moved
@@ -225,14 +227,19 @@ def _source(g: GrantView) -> str:
     return "dra-claim" if isinstance(g, ClaimPreparedView) else "allocate"
 
 
-def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding]) -> None:
+def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding], in_row: set[int]) -> None:
+    """Each holder's event id, and its request id where the grant's body leaves it to the row
+    (``in_row``: their seqs)."""
     for start in range(0, len(holders), 500):
         part = holders[start:start + 500]
         marks = ",".join("?" * len(part))
-        ids = dict(conn.execute(f"SELECT seq, event_id FROM events WHERE seq IN ({marks})",
-                                [h.granted_seq for h in part]).fetchall())
+        ids = {seq: (event_id, command_id) for seq, event_id, command_id in conn.execute(
+            f"SELECT seq, event_id, command_id FROM events WHERE seq IN ({marks})", [h.granted_seq for h in part])}
         for h in part:
-            h.event_id = ids[h.granted_seq].hex()
+            event_id, command_id = ids[h.granted_seq]
+            h.event_id = event_id.hex()
+            if h.granted_seq in in_row:
+                h.request_id = command_id or ""
 
 
 def grant_device_ids(conn: sqlite3.Connection, seq: int) -> tuple[str, ...]:

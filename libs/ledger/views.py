@@ -34,7 +34,7 @@ from libs.events.schema import (
     InventoryRecorded,
 )
 from libs.ledger.rules import health_reason
-from libs.store.compact import COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES, COMPACT_V3, PackedShare, share_of
+from libs.store.compact import COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES, COMPACT_V3, PackedShare, reason_text, share_of
 from libs.store.packed import hex_text, uuid_text
 from libs.store.replay import iter_rows
 from libs.store.rows import COLUMNS, row_to_stored
@@ -52,6 +52,7 @@ __all__ = [
     "View",
     "iter_views",
     "plain",
+    "request_id_in_row",
     "view_of",
     "view_tag",
 ]
@@ -203,6 +204,7 @@ class _CorrectionView4(CorrectionView, frozen=True, gc=False, array_like=True, t
 class _ReleaseView4(ReleaseView, frozen=True, gc=False, array_like=True, tag=False):
     alloc_id: bytes  # type: ignore[assignment]
     pod_uid: bytes  # type: ignore[assignment]
+    reason: int | str  # type: ignore[assignment]
 
 
 VIEWS_4: dict[str, type[msgspec.Struct]] = {"alloc.granted": _GrantView4, "alloc.imported": _ImportView4,
@@ -223,6 +225,8 @@ def plain(view: T) -> T:
     for name, spell in _SPELL.items():
         if type(value := fields.get(name)) is bytes:
             fields[name], changed = spell(value), True
+    if type(reason := fields.get("reason")) is int:
+        fields["reason"], changed = reason_text(reason), True
     shares = fields.get("shares")
     if shares and type(shares[0]) is PackedShare:
         fields["shares"], changed = tuple(share_of(s) for s in shares), True
@@ -230,6 +234,13 @@ def plain(view: T) -> T:
 
 
 _SPELLED = {GrantView, ImportView, ClaimPreparedView, CorrectionView, ReleaseView, ClaimUnpreparedView}
+
+
+def request_id_in_row(view: object) -> bool:
+    """Whether a grant's view leaves its request id to the row (a version 4 body whose request id is the
+    row's ``command_id``): the reader that prints it takes the row's."""
+    rid = getattr(view, "request_id", None)
+    return type(rid) is bytes and not rid
 
 
 def view_tag(view: msgspec.Struct) -> str:

@@ -49,6 +49,7 @@ __all__ = [
     "COMPACT_V2",
     "COMPACT_V2_TYPES",
     "COMPACT_V3",
+    "RELEASE_REASONS",
     "SETTINGS_PREFIX",
     "MetaSource",
     "PackedShare",
@@ -57,12 +58,14 @@ __all__ = [
     "decode_ids",
     "encode_ids",
     "expand",
+    "reason_text",
     "remember",
     "settings_row",
     "share_of",
 ]
 
 SETTINGS_PREFIX = "response-settings:"
+_EMPTY = b"\xff"  # an empty text in a packed field (packed.hex_text spells it "")
 _VCORE = "tencent.com/vcuda-core-"
 _NUMBER = re.compile(r"^(0|[1-9]\d*)$")
 _LIB32 = "/usr/local/nvidia/lib"
@@ -281,7 +284,22 @@ class _Released4(msgspec.Struct, frozen=True, gc=False, array_like=True):
     alloc_id: bytes
     pod_uid: bytes
     container: str
-    reason: str
+    reason: int | str  # its position in RELEASE_REASONS, or the text of another
+
+
+RELEASE_REASONS = ("deleted", "succeeded", "failed", "terminated", "holder gone at allocate", "prestart-check-failed")
+"""The reasons the allocator and the watchdog release for, stored in version 4 by their position: append
+only (a stored number must keep its meaning)."""
+_REASON_CODE = {reason: i for i, reason in enumerate(RELEASE_REASONS)}
+
+
+def reason_text(reason: int | str) -> str:
+    """A version 4 release's reason as text."""
+    if type(reason) is str:
+        return reason
+    if not 0 <= reason < len(RELEASE_REASONS):  # type: ignore[operator]
+        raise ValueError(f"release reason number {reason} is not one this gpuledger knows")
+    return RELEASE_REASONS[reason]  # type: ignore[index]
 
 
 COMPACT_V = 4
@@ -427,21 +445,24 @@ def _facts(response: ContainerResponse) -> tuple[bool, str]:
     return compat32, token
 
 
-def compact_body(event: Event, settings: ResponseSettings | None, version: int = COMPACT_V) -> bytes | None:
+def compact_body(event: Event, settings: ResponseSettings | None, version: int = COMPACT_V,
+                 command_id: str | None = None) -> bytes | None:
     """The compact body (of ``version``: 4, 3 or 2) of a grant, import, correction or (3 and 4) release;
     None for other types (subtypes included: a ``claim.prepared`` is a grant by inheritance but has its
-    own schema, and is stored whole)."""
+    own schema, and is stored whole). ``command_id``: the row's; a version 4 grant whose request id is
+    the same leaves it out (b"": the reader takes the row's)."""
     tag = type(event).__struct_config__.tag
     if tag not in (COMPACT_V2_TYPES if version == COMPACT_V2 else COMPACT_TYPES):
         return None
     body: msgspec.Struct
     if isinstance(event, AllocationGranted):
-        body = _grant_body(event, settings, version)
+        body = _grant_body(event, settings, version, command_id)
     elif isinstance(event, AllocationCorrected):
         body = _corrected_body(event, settings, version)
     elif isinstance(event, AllocationReleased):
         body = (_Released4(alloc_id=pack_hex(event.alloc_id), pod_uid=pack_uuid(event.pod_uid),
-                           container=event.container, reason=event.reason) if version == COMPACT_V else
+                           container=event.container, reason=_REASON_CODE.get(event.reason, event.reason))
+                if version == COMPACT_V else
                 _Released3(alloc_id=event.alloc_id, pod_uid=event.pod_uid, container=event.container,
                            reason=event.reason))
     else:
@@ -495,8 +516,8 @@ def _ids_part(device_ids: tuple[str, ...], version: int) -> dict[str, object]:
     return {"vcores": vcores} if len(vcores) < len(_encode(coded)) else coded
 
 
-def _grant_body(ev: AllocationGranted, settings: ResponseSettings | None,
-                version: int) -> msgspec.Struct:
+def _grant_body(ev: AllocationGranted, settings: ResponseSettings | None, version: int,
+                command_id: str | None) -> msgspec.Struct:
     common = dict(namespace=ev.namespace, pod_name=ev.pod_name, container=ev.container,
                   container_index=ev.container_index, init_container=ev.init_container, cores=ev.cores,
                   memory=ev.memory, core_limit=ev.core_limit, **_ids_part(ev.device_ids, version),
@@ -505,7 +526,9 @@ def _grant_body(ev: AllocationGranted, settings: ResponseSettings | None,
     if version == COMPACT_V:
         cls4 = _Imported4 if imported else _Grant4
         more = {"source": ev.source} if imported else {}  # type: ignore[attr-defined]
-        return cls4(alloc_id=pack_hex(ev.alloc_id), request_id=pack_hex(ev.request_id),  # type: ignore[arg-type]
+        # b"": the row's command_id; an empty request id of another row is stored as the escape alone
+        request_id = b"" if ev.request_id == command_id else pack_hex(ev.request_id) or _EMPTY
+        return cls4(alloc_id=pack_hex(ev.alloc_id), request_id=request_id,  # type: ignore[arg-type]
                     pod_uid=pack_uuid(ev.pod_uid), shares=_packed_shares(ev.shares), **common, **more)
     common.update(alloc_id=ev.alloc_id, request_id=ev.request_id, pod_uid=ev.pod_uid, shares=ev.shares)
     cls = (_Imported3 if imported else _Grant3) if version == COMPACT_V3 else (_Imported if imported else _Grant)
@@ -537,13 +560,14 @@ def decode_compact(type_name: str, schema_v: int, body: bytes, *, seq: int = 0) 
         raise CorruptLog(seq, f"compact body of {type_name} (version {schema_v}): {exc}") from exc
 
 
-def expand(type_name: str, schema_v: int, body: bytes, source: MetaSource, *,
-           seq: int = 0) -> AllocationGranted | AllocationCorrected | AllocationReleased:
-    """The full event of a compact body (its response reproduced, its device IDs spelled out)."""
+def expand(type_name: str, schema_v: int, body: bytes, source: MetaSource, *, seq: int = 0,
+           command_id: str | None = None) -> AllocationGranted | AllocationCorrected | AllocationReleased:
+    """The full event of a compact body (its response reproduced, its device IDs spelled out);
+    ``command_id``: the row's (a version 4 grant's request id when the body leaves it out)."""
     b = decode_compact(type_name, schema_v, body, seq=seq)
     try:
         if schema_v == COMPACT_V:
-            return _expand_4(b, source, seq)  # type: ignore[arg-type]
+            return _expand_4(b, source, seq, command_id)  # type: ignore[arg-type]
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptLog(seq, f"compact body of {type_name} (version {schema_v}): {exc}") from exc
     if isinstance(b, _Released3):
@@ -568,12 +592,12 @@ def expand(type_name: str, schema_v: int, body: bytes, source: MetaSource, *,
     return AllocationGranted(**fields)  # type: ignore[arg-type]
 
 
-def _expand_4(b: _Grant4 | _Imported4 | _Corrected4 | _Released4, source: MetaSource,
-              seq: int) -> AllocationGranted | AllocationCorrected | AllocationReleased:
+def _expand_4(b: _Grant4 | _Imported4 | _Corrected4 | _Released4, source: MetaSource, seq: int,
+              command_id: str | None) -> AllocationGranted | AllocationCorrected | AllocationReleased:
     pod_uid = uuid_text(b.pod_uid)
     if isinstance(b, _Released4):
         return AllocationReleased(alloc_id=hex_text(b.alloc_id), pod_uid=pod_uid, container=b.container,
-                                  reason=b.reason)
+                                  reason=reason_text(b.reason))
     shares = tuple(share_of(s) for s in b.shares)
     if isinstance(b, _Corrected4):
         return AllocationCorrected(
@@ -590,7 +614,10 @@ def _expand_4(b: _Grant4 | _Imported4 | _Corrected4 | _Released4, source: MetaSo
         device_ids = tuple([texts[n] for n in numbers])
     else:
         device_ids = b.device_ids or decode_ids(b.ids, b.perm, b.bits)
-    fields = dict(alloc_id=hex_text(b.alloc_id), request_id=hex_text(b.request_id), pod_uid=pod_uid,
+    if not b.request_id and command_id is None:
+        raise CorruptLog(seq, "a grant whose request id is the row's command_id, in a row without one")
+    request_id = hex_text(b.request_id) if b.request_id else command_id
+    fields = dict(alloc_id=hex_text(b.alloc_id), request_id=request_id, pod_uid=pod_uid,
                   namespace=b.namespace, pod_name=b.pod_name, container=b.container,
                   container_index=b.container_index, init_container=b.init_container, cores=b.cores,
                   memory=b.memory, device_ids=device_ids, shares=shares, core_limit=b.core_limit,

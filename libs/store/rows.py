@@ -45,7 +45,7 @@ def event_row(
     Grants, imports, corrections and releases are stored compact (``libs.store.compact``, body version
     ``body_version``: the current one, or 3 or 2 where an old row is stored again); ``settings`` are the
     response settings their responses are reproduced from (recorded in ``meta`` by the writer)."""
-    body = compact_body(event, settings, body_version)
+    body = compact_body(event, settings, body_version, command_id)
     if body is None:
         return (seq, recorded_at, stream, version, type(event).__struct_config__.tag, type(event).SCHEMA,
                 event_id, command_id, encode_body(event))
@@ -101,7 +101,7 @@ def row_to_stored(row: Sequence[Any], source: MetaSource = None) -> StoredEvent:
         raise CorruptLog(seq, "payload is not a blob")
     if (schema_v in (COMPACT_V, COMPACT_V3) and type_name in COMPACT_TYPES) or (schema_v == COMPACT_V2
                                                                   and type_name in COMPACT_V2_TYPES):
-        event = expand(type_name, schema_v, payload, source, seq=seq)
+        event = expand(type_name, schema_v, payload, source, seq=seq, command_id=command_id)
     else:
         event = decode_body(type_name, schema_v, payload, seq=seq)
     return StoredEvent(

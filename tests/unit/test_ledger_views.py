@@ -43,8 +43,9 @@ def test_an_array_body_starts_with_its_view(version: int, tag: str) -> None:
 
 
 # Ids of the usual shapes (packed in version 4) and of others (kept as text there), 16 bytes long included.
-_IDS = [("a1", "r1", "u1", "GPU-1"), ("0123456789abcdef" * 2, "fedcba9876543210" * 2,
-                                      "a48bacd1-2648-4203-87e9-66c534c40e8c", "GPU-c5a438ad-b219-54fc-a1ab-92abbc41c347"),
+_IDS = [("a1", "r1", "u1", "GPU-1"),
+        ("0123456789abcdef" * 2, "fedcba9876543210" * 2, "a48bacd1-2648-4203-87e9-66c534c40e8c",
+         "GPU-c5a438ad-b219-54fc-a1ab-92abbc41c347"),
         ("sixteen-bytes-id", "SIXTEEN-BYTES-ID", "pod-uid-16-bytes", "MIG-16-bytes-xyz")]
 
 
