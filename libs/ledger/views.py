@@ -217,9 +217,10 @@ def plain(view: T) -> T:
     """``view`` with its identifiers as text and its shares as ``GpuShare`` (a version 4 view as its base
     view); itself when it has nothing packed. The fold keeps a version 4 view as decoded and spells
     out only what it prints."""
-    cls = _BASES.get(type(view), type(view))
-    if cls not in _SPELLED:
+    if not isinstance(view, GrantView | CorrectionView | ReleaseView):
         return view
+    # a version 3 view may hold packed values too: a grant of version 3 that a correction of version 4 moved
+    cls = _BASES.get(type(view), type(view))
     fields = {f: getattr(view, f) for f in cls.__struct_fields__}
     changed = cls is not type(view)
     for name, spell in _SPELL.items():
@@ -231,9 +232,6 @@ def plain(view: T) -> T:
     if shares and type(shares[0]) is PackedShare:
         fields["shares"], changed = tuple(share_of(s) for s in shares), True
     return cls(**fields) if changed else view  # type: ignore[return-value]
-
-
-_SPELLED = {GrantView, ImportView, ClaimPreparedView, CorrectionView, ReleaseView, ClaimUnpreparedView}
 
 
 def request_id_in_row(view: object) -> bool:
