@@ -1,5 +1,5 @@
-"""The compact stored form of grants, imports, corrections and releases (body version 3 in the log's
-``schema_v``; version 2 is still read).
+"""The compact stored form of grants, imports, corrections and releases (body version 4 in the log's
+``schema_v``; versions 3 and 2 are still read).
 
 Body version 1 (still read) kept every grant's whole Allocate response and every kubelet device ID
 as a string (a 90-core share carried 90 IDs): about 1.6 KB a grant. Version 2 keeps only what cannot be derived:
@@ -18,8 +18,10 @@ as a string (a 90-core share carried 90 IDs): about 1.6 KB a grant. Version 2 ke
 Version 2 bodies are msgpack maps with the event's own field names and its type tag. Version 3 bodies
 (releases too) are msgpack arrays: no field names, no type tag (the row's ``type`` says it), the fields
 a narrow view reads first, in the view's order (``libs.ledger.views`` decodes that prefix and skips the
-rest), about half the bytes. Every reader gets the full event back (``expand``), of schema 1 as
-before: the rest of the code, the CLI and the NATS records see what they saw.
+rest), about half the bytes. Version 4 bodies are version 3's arrays with ids, pod UIDs and GPU UUIDs
+as 16 bytes, shares as arrays, the kubelet's IDs in order as fixed-width numbers and release reasons by
+number (see the classes below and ``libs.store.packed``). Every reader gets the full event back
+(``expand``), of schema 1 as before: the rest of the code, the CLI and the NATS records see what they saw.
 """
 
 from __future__ import annotations
