@@ -12,7 +12,7 @@ into a file with format 1's schema and its bodies, version 2 (``bench.make_log.a
 the release before format 2 wrote for the same events). Size = the SQLite file's pages in use after a
 checkpoint, less those of an empty log of the same format, over the events.
 
-    python -m bench.log_size [--pods 300] [--events 100000] [--json OUT]
+    python -m bench.log_size [--pods 300] [--events 100000] [--json OUT] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -134,6 +135,8 @@ async def main() -> None:
     parser.add_argument("--pods", type=int, default=300)
     parser.add_argument("--events", type=int, default=100_000, help="of the benchmark mix")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="copy the two logs measured here (allocator.sqlite, mix.sqlite) into this folder")
     args = parser.parse_args()
     configure_logging("log-size", fmt="console", level="warning", stream=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="gll", dir="/tmp") as tmp:  # short: unix socket paths
@@ -144,6 +147,10 @@ async def main() -> None:
         write_log(mix, synthetic(args.events), progress=False)
         rows = [measure(f"allocator, {args.pods} pods of the mixed workload", ledger),
                 measure("bench.make_log mix", mix)]
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ledger, args.keep / "allocator.sqlite")
+            shutil.copyfile(mix, args.keep / "mix.sqlite")
     results = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                "load_before": [round(x, 2) for x in load_before],
                "load_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}

@@ -34,7 +34,15 @@ from libs.events.schema import (
 )
 from libs.placement.recorded import ResponseSettings
 from libs.placement.responses import build_response
-from libs.store.compact import COMPACT_V, COMPACT_V2, SETTINGS_PREFIX, decode_compact, settings_row
+from libs.store.compact import (
+    COMPACT_TYPES,
+    COMPACT_V,
+    COMPACT_V2,
+    COMPACT_V3,
+    SETTINGS_PREFIX,
+    decode_compact,
+    settings_row,
+)
 from libs.store.layout import Layout, layout_of
 from libs.store.log import create_schema
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
@@ -148,7 +156,8 @@ def as_format_1(path: Path, out: Path, *, upto: int | None = None) -> None:
             rows = []
             for row in chunk:
                 stored = row_to_stored(row, src)
-                named = getattr(decode_compact(row[4], row[5], row[8]), "settings", b"") if row[5] == COMPACT_V else b""
+                compact = row[5] in (COMPACT_V, COMPACT_V3) and row[4] in COMPACT_TYPES
+                named = getattr(decode_compact(row[4], row[5], row[8]), "settings", b"") if compact else b""
                 old = event_row(*row[:4], stored.event, row[6], row[7], recorded.get(named), COMPACT_V2)
                 prev = chain_hash(prev, old)
                 rows.append((*old, prev))

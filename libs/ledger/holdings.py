@@ -39,8 +39,11 @@ from libs.ledger.views import (
     ReleaseView,
     View,
     iter_views,
+    plain,
+    request_id_in_row,
     view_of,
 )
+from libs.store.packed import hex_text, pack_uuid, uuid_text
 from libs.store.replay import last_seq_wanted, open_reader
 from libs.store.rows import COLUMNS, row_to_stored
 
@@ -105,21 +108,23 @@ class AuditFold:
         self.time = 0
         self.node = ""
         self.gpus: tuple[GpuInfo, ...] = ()
-        self.live: dict[str, tuple[int, int, GrantView]] = {}  # alloc_id -> (seq, at, grant as now owned)
-        self.inits: dict[str, set[str]] = {}   # pod_uid -> its charged init-container grants
-        self.uncharged: set[str] = set()       # grants handed on to a later container of the pod
-        self.corrected: dict[str, int] = {}    # alloc_id -> seq of its last correction
+        # Keys are the ids as the views give them: text, or bytes from a version 4 body (spelled out by
+        # ``result``); a log written across the upgrade is matched by the other form when one misses.
+        self.live: dict[str | bytes, tuple[int, int, GrantView]] = {}  # alloc_id -> (seq, at, grant as now owned)
+        self.inits: dict[str | bytes, set[str | bytes]] = {}  # pod_uid, both forms -> its charged init grants
+        self.uncharged: set[str | bytes] = set()  # grants handed on to a later container of the pod
+        self.corrected: dict[str | bytes, int] = {}  # alloc_id -> seq of its last correction
         self.health: dict[str, HealthView] = {}  # GPU uuid -> last transition
 
     def apply(self, seq: int, at: int, view: View | StoredEvent) -> None:
         if isinstance(view, GrantView):  # the common types first: this runs a million times a second
             if view.init_container:
-                self.inits.setdefault(view.pod_uid, set()).add(view.alloc_id)
+                self._add_init(view.pod_uid, view.alloc_id)
             elif view.pod_uid in self.inits:
                 self._absorb(seq, view)
             self.live[view.alloc_id] = (seq, at, view)
         elif isinstance(view, ReleaseView):
-            gone = self.live.pop(view.alloc_id, None)
+            gone = self.live.pop(self._live_key(view.alloc_id), None)
             if gone is not None and gone[2].init_container:
                 self._forget_init(gone[2])
         elif isinstance(view, InventoryView):
@@ -144,27 +149,41 @@ class AuditFold:
                 self.uncharged.add(alloc_id)
                 self._forget_init(self.live[alloc_id][2])
 
+    def _live_key(self, alloc_id: str | bytes) -> str | bytes:
+        """The key of the live grant ``alloc_id`` names: itself, or its text when the grant was read
+        from an older body (a release of version 4 for a grant of version 3)."""
+        if alloc_id in self.live or type(alloc_id) is not bytes:
+            return alloc_id
+        text = hex_text(alloc_id)
+        return text if text in self.live else alloc_id
+
+    def _add_init(self, pod_uid: str | bytes, alloc_id: str | bytes) -> None:
+        for key in _pod_keys(pod_uid):  # rare: both forms, so a grant of either body version finds it
+            self.inits.setdefault(key, set()).add(alloc_id)
+
     def _forget_init(self, grant: GrantView) -> None:
-        held = self.inits.get(grant.pod_uid)
-        if held is not None:
-            held.discard(grant.alloc_id)
-            if not held:
-                del self.inits[grant.pod_uid]
+        for key in _pod_keys(grant.pod_uid):
+            held = self.inits.get(key)
+            if held is not None:
+                held.discard(grant.alloc_id)
+                if not held:
+                    del self.inits[key]
 
     def _correct(self, seq: int, ev: CorrectionView) -> None:
         """As ``LedgerState._correct``: the grant now belongs to the real owner; the cores, kubelet
         device IDs and whether it is charged stay."""
-        old = self.live.get(ev.alloc_id)
+        key = self._live_key(ev.alloc_id)
+        old = self.live.get(key)
         if old is None:
             return
         granted_seq, at, grant = old
         if grant.init_container:
             self._forget_init(grant)
         moved = move_to_real_owner(grant, ev)
-        self.live[ev.alloc_id] = (granted_seq, at, moved)
-        self.corrected[ev.alloc_id] = seq
-        if moved.init_container and ev.alloc_id not in self.uncharged:
-            self.inits.setdefault(moved.pod_uid, set()).add(ev.alloc_id)
+        self.live[key] = (granted_seq, at, moved)
+        self.corrected[key] = seq
+        if moved.init_container and key not in self.uncharged:
+            self._add_init(moved.pod_uid, key)
 
     def result(self, conn: sqlite3.Connection) -> AuditView:
         uncharged, corrected = self.uncharged, self.corrected
@@ -173,10 +192,12 @@ class AuditFold:
                     container=g.container, init_container=g.init_container, cores=g.cores, memory=g.memory,
                     shares=g.shares, since=at, granted_seq=seq, request_id=g.request_id,
                     source=_source(g), core_limit=g.core_limit,
-                    charged=g.alloc_id not in uncharged, corrected_seq=corrected.get(g.alloc_id, 0))
-            for seq, at, g in sorted(self.live.values(), key=lambda t: t[0])
+                    charged=key not in uncharged, corrected_seq=corrected.get(key, 0))
+            for key, (seq, at, raw) in sorted(self.live.items(), key=lambda t: t[1][0])
+            for g in (plain(raw),)
         ]
-        _fill_event_ids(conn, holders)
+        in_row = {seq for seq, _, raw in self.live.values() if request_id_in_row(raw)}
+        _fill_event_ids(conn, holders, in_row)
         gpus = {g.index: GpuHolding(index=g.index, uuid=g.uuid, memory_total=g.memory) for g in self.gpus}
         for gpu in gpus.values():
             health = self.health.get(gpu.uuid)  # by uuid, as LedgerState: health follows a GPU that moved
@@ -195,20 +216,30 @@ class AuditFold:
                          gpus=[gpus[i] for i in sorted(gpus)], allocations=holders)
 
 
+def _pod_keys(pod_uid: str | bytes) -> tuple[str | bytes, ...]:
+    """A pod UID in both forms a view may give it: text and (a canonical UUID) version 4's bytes."""
+    return (pod_uid, uuid_text(pod_uid)) if type(pod_uid) is bytes else (pod_uid, pack_uuid(pod_uid))  # type: ignore[arg-type]
+
+
 def _source(g: GrantView) -> str:
     if isinstance(g, ImportView):
         return g.source
     return "dra-claim" if isinstance(g, ClaimPreparedView) else "allocate"
 
 
-def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding]) -> None:
+def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding], in_row: set[int]) -> None:
+    """Each holder's event id, and its request id where the grant's body leaves it to the row
+    (``in_row``: their seqs)."""
     for start in range(0, len(holders), 500):
         part = holders[start:start + 500]
         marks = ",".join("?" * len(part))
-        ids = dict(conn.execute(f"SELECT seq, event_id FROM events WHERE seq IN ({marks})",
-                                [h.granted_seq for h in part]).fetchall())
+        ids = {seq: (event_id, command_id) for seq, event_id, command_id in conn.execute(
+            f"SELECT seq, event_id, command_id FROM events WHERE seq IN ({marks})", [h.granted_seq for h in part])}
         for h in part:
-            h.event_id = ids[h.granted_seq].hex()
+            event_id, command_id = ids[h.granted_seq]
+            h.event_id = event_id.hex()
+            if h.granted_seq in in_row:
+                h.request_id = command_id or ""
 
 
 def grant_device_ids(conn: sqlite3.Connection, seq: int) -> tuple[str, ...]:

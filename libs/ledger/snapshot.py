@@ -37,7 +37,7 @@ from libs.ledger import state as state_module
 from libs.ledger.state import LedgerState
 from libs.logger import get_logger
 from libs.placement import recorded, responses
-from libs.store import compact, rows
+from libs.store import compact, packed, rows
 from libs.store.replay import open_reader, replay
 
 __all__ = [
@@ -80,7 +80,7 @@ def snapshot_path(log_path: Path) -> Path:
 # (tests/audit/test_snapshots.py checks that each libs module they import is listed or fold-neutral).
 # The compact log's modules are among them: a grant's response is reproduced when its row is read.
 # (libs.placement re-exports a function named like its hami_response module, hence import_module.)
-FOLD_MODULES = (schema, codec, rows, compact, recorded, responses,
+FOLD_MODULES = (schema, codec, rows, compact, packed, recorded, responses,
                 importlib.import_module("libs.placement.hami_response"), hami, rules, state_module)
 
 

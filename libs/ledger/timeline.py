@@ -9,6 +9,7 @@ show up without changes here.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from libs.ledger.views import (
     InventoryView,
     ReleaseView,
     iter_views,
+    plain,
+    request_id_in_row,
     view_tag,
 )
 from libs.store.replay import open_reader
@@ -55,13 +58,18 @@ class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
         return format_time(self.recorded_at)
 
 
-def _grant_entry(seq: int, at: int, g: GrantView) -> Entry:
+def _grant_entry(seq: int, at: int, g: GrantView, row: sqlite3.Connection | None = None) -> Entry:
+    """The entry of a grant; ``row``: the log to read its request id from, when the body leaves it to
+    the row's ``command_id`` (``request_id_in_row``)."""
     detail = f"imported from {g.source}" if isinstance(g, ImportView) else ""
     if isinstance(g, ClaimPreparedView):
         detail = f"DRA claim {g.claim_namespace}/{g.claim_name} uid {g.claim_uid}"
+    request_id = g.request_id
+    if row is not None:
+        request_id = row.execute("SELECT command_id FROM events WHERE seq = ?", (seq,)).fetchone()[0] or ""
     return Entry(seq=seq, recorded_at=at, type=view_tag(g),
                  pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name, container=g.container,
-                 alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=g.request_id,
+                 alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=request_id,
                  detail=detail)
 
 
@@ -107,12 +115,13 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
     out: list[Entry] = []
     conn = open_reader(path)
     try:
-        for seq, at, view in iter_views(conn):
+        for seq, at, packed in iter_views(conn):
+            view = plain(packed)  # text ids and GpuShare, whatever the body version
             if isinstance(view, GrantView):
                 live[view.alloc_id] = (view.namespace, view.pod_name, view.cores)
                 if named(view.pod_uid, view.namespace, view.pod_name):
                     uids.add(view.pod_uid)
-                    out.append(_grant_entry(seq, at, view))
+                    out.append(_grant_entry(seq, at, view, conn if request_id_in_row(packed) else None))
             elif isinstance(view, ReleaseView):
                 owner = live.pop(view.alloc_id, ("", "", 0))
                 if view.pod_uid in uids:
@@ -151,12 +160,13 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
     out: list[Entry] = []
     conn = open_reader(path)
     try:
-        for seq, at, view in iter_views(conn):
+        for seq, at, packed in iter_views(conn):
+            view = plain(packed)  # text ids and GpuShare, whatever the body version
             if isinstance(view, GrantView):
                 mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
                 if mine:
                     on_gpu[view.alloc_id] = view
-                    entry = _grant_entry(seq, at, view)
+                    entry = _grant_entry(seq, at, view, conn if request_id_in_row(packed) else None)
                     entry.shares = mine
                     out.append(entry)
             elif isinstance(view, ReleaseView):

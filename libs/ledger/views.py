@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from typing import TypeVar
 
 import msgspec
 
@@ -33,7 +34,8 @@ from libs.events.schema import (
     InventoryRecorded,
 )
 from libs.ledger.rules import health_reason
-from libs.store.compact import COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES
+from libs.store.compact import COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES, COMPACT_V3, PackedShare, reason_text, share_of
+from libs.store.packed import hex_text, uuid_text
 from libs.store.replay import iter_rows
 from libs.store.rows import COLUMNS, row_to_stored
 
@@ -49,6 +51,8 @@ __all__ = [
     "ReleaseView",
     "View",
     "iter_views",
+    "plain",
+    "request_id_in_row",
     "view_of",
     "view_tag",
 ]
@@ -148,6 +152,7 @@ _decode_view = msgspec.msgpack.Decoder(
     | HealthView).decode
 
 View = GrantView | ReleaseView | InventoryView | CorrectionView | HealthView
+T = TypeVar("T")
 
 
 # The views of version 3 compact bodies (arrays, libs/store/compact.py): the same views, decoded from the
@@ -172,6 +177,70 @@ VIEWS_3: dict[str, type[msgspec.Struct]] = {"alloc.granted": _GrantView3, "alloc
                                             "alloc.corrected": _CorrectionView3, "alloc.released": _ReleaseView3}
 
 
+# The views of version 4 bodies: version 3's, with the identifiers as the body stores them (bytes:
+# ``libs.store.packed``) and each share a ``PackedShare``; decoding them costs what version 3's did. The
+# audit fold keys on them as they are; ``plain`` spells a view out (text ids, ``GpuShare``) for output.
+class _GrantView4(GrantView, frozen=True, gc=False, array_like=True, tag=False):
+    alloc_id: bytes  # type: ignore[assignment]
+    request_id: bytes  # type: ignore[assignment]
+    pod_uid: bytes  # type: ignore[assignment]
+    shares: tuple[PackedShare, ...]  # type: ignore[assignment]
+
+
+class _ImportView4(ImportView, frozen=True, gc=False, array_like=True, tag=False):
+    alloc_id: bytes  # type: ignore[assignment]
+    request_id: bytes  # type: ignore[assignment]
+    pod_uid: bytes  # type: ignore[assignment]
+    shares: tuple[PackedShare, ...]  # type: ignore[assignment]
+
+
+class _CorrectionView4(CorrectionView, frozen=True, gc=False, array_like=True, tag=False):
+    alloc_id: bytes  # type: ignore[assignment]
+    pod_uid: bytes  # type: ignore[assignment]
+    shares: tuple[PackedShare, ...]  # type: ignore[assignment]
+    previous_pod_uid: bytes  # type: ignore[assignment]
+
+
+class _ReleaseView4(ReleaseView, frozen=True, gc=False, array_like=True, tag=False):
+    alloc_id: bytes  # type: ignore[assignment]
+    pod_uid: bytes  # type: ignore[assignment]
+    reason: int | str  # type: ignore[assignment]
+
+
+VIEWS_4: dict[str, type[msgspec.Struct]] = {"alloc.granted": _GrantView4, "alloc.imported": _ImportView4,
+                                            "alloc.corrected": _CorrectionView4, "alloc.released": _ReleaseView4}
+_BASES = {cls: cls.__mro__[1] for cls in VIEWS_4.values()}
+_SPELL = {"alloc_id": hex_text, "request_id": hex_text, "pod_uid": uuid_text, "previous_pod_uid": uuid_text}
+
+
+def plain(view: T) -> T:
+    """``view`` with its identifiers as text and its shares as ``GpuShare`` (a version 4 view as its base
+    view); itself when it has nothing packed. The fold keeps a version 4 view as decoded and spells
+    out only what it prints."""
+    if not isinstance(view, GrantView | CorrectionView | ReleaseView):
+        return view
+    # a version 3 view may hold packed values too: a grant of version 3 that a correction of version 4 moved
+    cls = _BASES.get(type(view), type(view))
+    fields = {f: getattr(view, f) for f in cls.__struct_fields__}
+    changed = cls is not type(view)
+    for name, spell in _SPELL.items():
+        if type(value := fields.get(name)) is bytes:
+            fields[name], changed = spell(value), True
+    if type(reason := fields.get("reason")) is int:
+        fields["reason"], changed = reason_text(reason), True
+    shares = fields.get("shares")
+    if shares and type(shares[0]) is PackedShare:
+        fields["shares"], changed = tuple(share_of(s) for s in shares), True
+    return cls(**fields) if changed else view  # type: ignore[return-value]
+
+
+def request_id_in_row(view: object) -> bool:
+    """Whether a grant's view leaves its request id to the row (a version 4 body whose request id is the
+    row's ``command_id``): the reader that prints it takes the row's."""
+    rid = getattr(view, "request_id", None)
+    return type(rid) is bytes and not rid
+
+
 def view_tag(view: msgspec.Struct) -> str:
     """The event type a view was read from (a version 3 view has no tag of its own: its class's base's)."""
     cls = type(view)
@@ -184,7 +253,8 @@ def _view_decoders() -> dict[tuple[str, int], object]:
     found: dict[tuple[str, int], object] = {
         (tag, EVENT_TYPES[tag].SCHEMA): _decode_view for tag in _VIEW_TAGS if tag in EVENT_TYPES}
     found.update({(tag, COMPACT_V2): _decode_view for tag in COMPACT_V2_TYPES})  # maps with the viewed names
-    found.update({(tag, COMPACT_V): msgspec.msgpack.Decoder(cls).decode for tag, cls in VIEWS_3.items()})
+    found.update({(tag, COMPACT_V3): msgspec.msgpack.Decoder(cls).decode for tag, cls in VIEWS_3.items()})
+    found.update({(tag, COMPACT_V): msgspec.msgpack.Decoder(cls).decode for tag, cls in VIEWS_4.items()})
     return found
 
 

@@ -12,7 +12,16 @@ from libs.errors import CorruptLog
 from libs.events.codec import StoredEvent, decode_body, encode_body
 from libs.events.schema import Event
 from libs.placement.recorded import ResponseSettings
-from libs.store.compact import COMPACT_TYPES, COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES, MetaSource, compact_body, expand
+from libs.store.compact import (
+    COMPACT_TYPES,
+    COMPACT_V,
+    COMPACT_V2,
+    COMPACT_V2_TYPES,
+    COMPACT_V3,
+    MetaSource,
+    compact_body,
+    expand,
+)
 
 __all__ = ["COLUMNS", "GENESIS_HASH", "chain_hash", "event_row", "rebuilt_row", "row_to_stored"]
 
@@ -34,9 +43,9 @@ def event_row(
     """The stored columns of one event, in COLUMNS order (what ``chain_hash`` covers).
 
     Grants, imports, corrections and releases are stored compact (``libs.store.compact``, body version
-    ``body_version``: the current one, or 2 where an old row is stored again); ``settings`` are the
+    ``body_version``: the current one, or 3 or 2 where an old row is stored again); ``settings`` are the
     response settings their responses are reproduced from (recorded in ``meta`` by the writer)."""
-    body = compact_body(event, settings, body_version)
+    body = compact_body(event, settings, body_version, command_id)
     if body is None:
         return (seq, recorded_at, stream, version, type(event).__struct_config__.tag, type(event).SCHEMA,
                 event_id, command_id, encode_body(event))
@@ -51,7 +60,7 @@ def rebuilt_row(
     spelled out, schema 1), and the response settings its body names (None when it names none).
 
     A grant's stored form depends on what wrote it: body version 1 (a log written before the compact
-    form), or version 2 or 3 (a release: 1 or 3) with the response kept, or named by the writer's
+    form), or version 2, 3 or 4 (a release: 1, 3 or 4) with the response kept, or named by the writer's
     response settings. With
     ``carried`` (the row's chain hash, which the stream carries) the form that gives that hash is taken,
     so the row is the original byte for byte; without, the most compact form the ``candidates`` give.
@@ -65,9 +74,12 @@ def rebuilt_row(
     best = compacted[0] if compacted else (kept, None)
     if carried is None:
         return best
-    # What an older gpuledger stored for the same event: body version 2 (with its settings, or the
+    # What an older gpuledger stored for the same event: body version 3 or 2 (with its settings, or the
     # response kept), or the whole event (schema 1).
     older: list[tuple[tuple[Any, ...], ResponseSettings | None]] = []
+    kept_3 = event_row(*args, body_version=COMPACT_V3)
+    older += [(row, s) for s in candidates if (row := event_row(*args, s, COMPACT_V3)) != kept_3]
+    older.append((kept_3, None))
     if kept[4] in COMPACT_V2_TYPES:
         kept_2 = event_row(*args, body_version=COMPACT_V2)
         older += [(row, s) for s in candidates if (row := event_row(*args, s, COMPACT_V2)) != kept_2]
@@ -87,9 +99,9 @@ def row_to_stored(row: Sequence[Any], source: MetaSource = None) -> StoredEvent:
     row_hash = row[9].hex() if len(row) > 9 and isinstance(row[9], bytes) else ""
     if not isinstance(payload, bytes):
         raise CorruptLog(seq, "payload is not a blob")
-    if (schema_v == COMPACT_V and type_name in COMPACT_TYPES) or (schema_v == COMPACT_V2
+    if (schema_v in (COMPACT_V, COMPACT_V3) and type_name in COMPACT_TYPES) or (schema_v == COMPACT_V2
                                                                   and type_name in COMPACT_V2_TYPES):
-        event = expand(type_name, schema_v, payload, source, seq=seq)
+        event = expand(type_name, schema_v, payload, source, seq=seq, command_id=command_id)
     else:
         event = decode_body(type_name, schema_v, payload, seq=seq)
     return StoredEvent(

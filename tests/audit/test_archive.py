@@ -74,7 +74,9 @@ def test_segments_continue_the_chain_and_readers_see_one_history(logs: tuple[Pat
     assert live_first_hash is None  # really gone from the live file
     assert [s.file for s in catalog(conn)] == [first.file, second.file]
     conn.close()
-    assert (archive_dir(path) / first.file).stat().st_size < path.stat().st_size / 10  # compressed
+    # compressed: the segment holds 1,000 of the file's events (its pages stay allocated) in well under a
+    # quarter of the file (about 1/10 with version 4 bodies, 1/14 with version 3)
+    assert (archive_dir(path) / first.file).stat().st_size < path.stat().st_size / 8
 
     assert _rows(path) == _rows(copy)  # every row, every hash, in seq order
     report = verify_log(path)

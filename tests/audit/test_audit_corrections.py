@@ -35,6 +35,7 @@ from libs.ledger.holdings import AuditFold, audit_replay, grant_device_ids
 from libs.ledger.state import LedgerState
 from libs.ledger.timeline import gpu_history, pod_history
 from libs.store import iter_events, open_reader, replay
+from libs.store.compact import COMPACT_V, COMPACT_V3
 from libs.store.layout import layout_of
 from libs.store.log import create_schema
 from libs.store.rows import GENESIS_HASH, chain_hash, event_row
@@ -113,8 +114,9 @@ def random_log(count: int, seed: int) -> Iterator[Event]:
             yield _inventory(order)
 
 
-def write_log(path: Path, events: Iterator[Event], *, progress: bool = False) -> int:
-    """The rows as the writer makes them (bench's writer assumes a pod is done after a release)."""
+def write_log(path: Path, events: Iterator[Event], *, progress: bool = False, upgrade_at: int = 0) -> int:
+    """The rows as the writer makes them (bench's writer assumes a pod is done after a release); the rows
+    before seq ``upgrade_at`` with the bodies of version 3, as the release before version 4 wrote them."""
     create_schema(path)
     conn = sqlite3.connect(path, isolation_level=None)
     rng = random.Random(0)
@@ -124,7 +126,9 @@ def write_log(path: Path, events: Iterator[Event], *, progress: bool = False) ->
         stream = ev.stream()
         versions[stream] = versions.get(stream, 0) + 1
         command = ev.request_id if isinstance(ev, AllocationGranted) else None
-        row = event_row(seq, START_NS + seq * 1_000_000, stream, versions[stream], ev, rng.randbytes(16), command)
+        body_version = COMPACT_V3 if seq < upgrade_at else COMPACT_V
+        row = event_row(seq, START_NS + seq * 1_000_000, stream, versions[stream], ev, rng.randbytes(16), command,
+                        None, body_version)
         prev = chain_hash(prev, row)
         layout_of(conn).insert(conn, [(*row, prev)])
     conn.execute("COMMIT")
@@ -169,6 +173,20 @@ def test_both_folds_agree_on_corrections_reuse_and_health(tmp_path: Path, seed: 
         corrected += sum(h.corrected_seq > 0 for h in view.allocations)
         unhealthy += sum(not g.healthy for g in view.gpus)
     assert uncharged and corrected and unhealthy  # the log exercised every rule
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_log_written_across_the_upgrade_to_body_version_4_folds_the_same(tmp_path: Path, seed: int) -> None:
+    """Grants of version 3 (text ids) released, corrected and taken over by rows of version 4 (packed ids):
+    the audit fold matches them (each id in the other form), as ``LedgerState`` does."""
+    path = tmp_path / "ledger.sqlite"
+    last = write_log(path, random_log(300, seed), upgrade_at=150)
+    conn = open_reader(path)
+    versions = {v for (v,) in conn.execute("SELECT DISTINCT schema_v FROM events WHERE type = 'alloc.released'")}
+    conn.close()
+    assert versions == {COMPACT_V3, COMPACT_V}
+    for seq in range(140, last + 1, 2):
+        assert _audit(audit_replay(path, upto_seq=seq)) == _full(path, seq), f"seed {seed}, seq {seq}"
 
 
 def test_the_full_decode_path_folds_the_same(tmp_path: Path) -> None:

@@ -52,12 +52,13 @@ async def test_every_response_read_from_the_log_is_the_one_the_kubelet_got(node:
 
     # (device IDs, response) of each Allocate, in the order the kubelet made them (= the grants' order;
     # an app container reusing its init container's devices asks with the same IDs).
-    sent = [(set(c.request["container_requests"][0]["devices_ids"]), c.response["container_responses"][0])  # type: ignore[index]
+    sent = [(c.request["container_requests"][0]["devices_ids"], c.response["container_responses"][0])  # type: ignore[index]
             for c in node.sim.calls if c.method == "Allocate" and c.resource == RESOURCE_VCORE and c.ok]
 
     conn = open_reader(node.settings.log_path)
     try:
-        grants = [e.event for e in iter_events(conn) if e.type == "alloc.granted"]
+        stored = [e for e in iter_events(conn) if e.type == "alloc.granted"]
+        grants = [e.event for e in stored]
         schema_v = dict(conn.execute("SELECT seq, schema_v FROM events WHERE type = 'alloc.granted'").fetchall())
         bodies = [decode_compact("alloc.granted", v, p) for v, p in conn.execute(
             "SELECT schema_v, payload FROM events WHERE type = 'alloc.granted' ORDER BY seq")]
@@ -66,10 +67,14 @@ async def test_every_response_read_from_the_log_is_the_one_the_kubelet_got(node:
     assert len(grants) == len(sent) == 9  # pair and staged have two GPU containers each
     assert set(schema_v.values()) == {COMPACT_V}
     for body, grant in zip(bodies, grants, strict=True):  # no response, no device-ID strings
-        assert body.response is None and body.device_ids == (), body  # type: ignore[union-attr]
+        assert body.response is None and body.device_ids == (), body  # type: ignore[attr-defined]
         assert len(msgspec.msgpack.encode(body)) < len(encode_body(grant)) / 4  # what schema 1 stored
+        # the ids as their 16 bytes, the request id left to the row's command_id (read back below)
+        assert len(body.alloc_id) == len(body.pod_uid) == 16 and body.request_id == b"", body  # type: ignore[attr-defined]
+    for event in stored:
+        assert event.event.request_id == event.command_id  # type: ignore[attr-defined]
     for grant, (ids, received) in zip(grants, sent, strict=True):
-        assert set(grant.device_ids) == ids  # type: ignore[attr-defined]
+        assert list(grant.device_ids) == ids  # type: ignore[attr-defined]  # in the kubelet's order
         reproduced = to_proto(grant.response)  # type: ignore[attr-defined]
         assert message_dict(reproduced) == received, grant.container  # type: ignore[attr-defined]
         wire = ParseDict(received, pb.ContainerAllocateResponse())
