@@ -63,6 +63,9 @@ def rss_mib(pid: int | None) -> float:
     return 0.0
 
 
+STALLED_ON_FLOW_CONTROL = 10228  # nats-server's err_code on a source whose flow-control replies are late
+
+
 def say(what: str) -> None:
     """A progress line on stderr. The later phases print nothing of their own for minutes at full size
     (the recorder over 500,000 events), which must not read as a hang."""
@@ -70,17 +73,19 @@ def say(what: str) -> None:
 
 
 async def wait_sourced(bus: Any, stream: str, total: int, *, on_poll: Callable[[], None] | None = None,
-                       quiet_limit: float = 120.0) -> dict[str, Any]:
+                       quiet_limit: float = 120.0, limit: float = 1800.0) -> dict[str, Any]:
     """Poll ``stream`` until it holds ``total`` messages: seconds taken, and the most sources that NATS
     reported at once as "stalled on flow control" (nats-server 2.15 flags a source whose flow-control
     replies are late; under a saturated hub that is transient). Fails, naming the flagged sources,
-    when nothing arrived for ``quiet_limit`` seconds: a stall that does not clear by itself."""
+    when nothing arrived for ``quiet_limit`` seconds (a stall that does not clear by itself), or after
+    ``limit`` seconds in all."""
     start = last_growth = last_said = time.perf_counter()
     count, flagged_max = -1, 0
     while True:
         info = await bus.js.stream_info(stream)
         now = time.perf_counter()
-        flagged = [s.name for s in info.sources or [] if s.error]
+        failing = {s.name: s.error for s in info.sources or [] if s.error}
+        flagged = [name for name, error in failing.items() if error.get("err_code") == STALLED_ON_FLOW_CONTROL]
         flagged_max = max(flagged_max, len(flagged))
         if info.state.messages > count:
             count, last_growth = info.state.messages, now
@@ -89,9 +94,11 @@ async def wait_sourced(bus: Any, stream: str, total: int, *, on_poll: Callable[[
         if now - last_said >= 5:
             say(f"{stream}: {count}/{total} after {now - start:.0f}s, {len(flagged)} sources flagged stalled")
             last_said = now
+        if now - start > limit:
+            raise TimeoutError(f"{stream} at {count}/{total} after {limit:g}s")
         if now - last_growth > quiet_limit:
             raise TimeoutError(f"{stream} stuck at {count}/{total} for {quiet_limit:g}s; "
-                               f"sources flagged stalled: {flagged[:10]}")
+                               f"sources in error: {dict(list(failing.items())[:10])}")
         if on_poll:
             on_poll()
         await asyncio.sleep(0.5)
