@@ -29,8 +29,10 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,6 @@ from tests.fleet.helpers import (
     LeafBroker,
     LedgerNode,
     PostgresServer,
-    fleet_count,
     postgres_bindir,
 )
 
@@ -60,6 +61,47 @@ def rss_mib(pid: int | None) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+STALLED_ON_FLOW_CONTROL = 10228  # nats-server's err_code on a source whose flow-control replies are late
+
+
+def say(what: str) -> None:
+    """A progress line on stderr. The later phases print nothing of their own for minutes at full size
+    (the recorder over 500,000 events), which must not read as a hang."""
+    print(f"[bench.fleet {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+async def wait_sourced(bus: Any, stream: str, total: int, *, on_poll: Callable[[], None] | None = None,
+                       quiet_limit: float = 120.0, limit: float = 1800.0) -> dict[str, Any]:
+    """Poll ``stream`` until it holds ``total`` messages: seconds taken, and the most sources that NATS
+    reported at once as "stalled on flow control" (nats-server 2.15 flags a source whose flow-control
+    replies are late; under a saturated hub that is transient). Fails, naming the flagged sources,
+    when nothing arrived for ``quiet_limit`` seconds (a stall that does not clear by itself), or after
+    ``limit`` seconds in all."""
+    start = last_growth = last_said = time.perf_counter()
+    count, flagged_max = -1, 0
+    while True:
+        info = await bus.js.stream_info(stream)
+        now = time.perf_counter()
+        failing = {s.name: s.error for s in info.sources or [] if s.error}
+        flagged = [name for name, error in failing.items() if error.get("err_code") == STALLED_ON_FLOW_CONTROL]
+        flagged_max = max(flagged_max, len(flagged))
+        if info.state.messages > count:
+            count, last_growth = info.state.messages, now
+        if count >= total:
+            return {"seconds": now - start, "sources_flagged_stalled_max": flagged_max}
+        if now - last_said >= 5:
+            say(f"{stream}: {count}/{total} after {now - start:.0f}s, {len(flagged)} sources flagged stalled")
+            last_said = now
+        if now - start > limit:
+            raise TimeoutError(f"{stream} at {count}/{total} after {limit:g}s")
+        if now - last_growth > quiet_limit:
+            raise TimeoutError(f"{stream} stuck at {count}/{total} for {quiet_limit:g}s; "
+                               f"sources in error: {dict(list(failing.items())[:10])}")
+        if on_poll:
+            on_poll()
+        await asyncio.sleep(0.5)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -125,16 +167,14 @@ async def floor_backlog(bus: Any, nodes: list[LedgerNode], total: int) -> dict[s
     start = time.perf_counter()
     await bus.js.add_stream(api.StreamConfig(name=FLOOR_STREAM, storage=api.StorageType.FILE, num_replicas=3,
                                              sources=sources))
-    while (count := (await bus.js.stream_info(FLOOR_STREAM)).state.messages) < total:
-        await asyncio.sleep(0.5)
-        if time.perf_counter() - start > 1800:
-            raise TimeoutError(f"floor stream stuck at {count}/{total}")
+    waited = await wait_sourced(bus, FLOOR_STREAM, total)
     seconds = time.perf_counter() - start
     await bus.js.delete_stream(FLOOR_STREAM)
     for n in nodes:
         assert n.bus
         await n.bus.js.delete_stream(f"{FLOOR_STREAM}_{n.node.replace('-', '_')}")
-    return {"floor_backlog_s": seconds, "floor_backlog_events_per_s": total / seconds}
+    return {"floor_backlog_s": seconds, "floor_backlog_events_per_s": total / seconds,
+            "floor_sources_flagged_stalled_max": waited["sources_flagged_stalled_max"]}
 
 
 async def grant_latencies(node: LedgerNode, samples: int) -> list[float]:
@@ -167,12 +207,16 @@ async def record(bus: Any, db_url: str, total: int) -> tuple[float, float]:
     engine = open_engine(db_url)
     projection = FleetProjection(engine)
     ingest = FleetIngest(bus, projection, batch_size=1000)
-    start = time.perf_counter()
+    start = last_said = time.perf_counter()
     task = asyncio.create_task(ingest.run())
     while ingest.ingested < total:
         await asyncio.sleep(0.2)
-        if time.perf_counter() - start > 1800:
+        now = time.perf_counter()
+        if now - start > 1800:
             raise TimeoutError(f"recorder stuck at {ingest.ingested}/{total}")
+        if now - last_said >= 15:
+            say(f"recorder ({engine.dialect.name}): {ingest.ingested}/{total} after {now - start:.0f}s")
+            last_said = now
     rate = total / (time.perf_counter() - start)
     task.cancel()
     await bus.js.delete_consumer(FLEET_STREAM, DURABLE)
@@ -207,6 +251,7 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
             await leaf.start(timeout=60)
         for i, leaf in enumerate(leaves):
             nodes.append(await LedgerNode(leaf.node, root / f"n{i}", leaf.url).start())
+        say(f"fill: {nodes_n} node logs x {events} events through their relays")
         start = time.perf_counter()
         for k in range(0, nodes_n, 10):
             await asyncio.gather(*(fill(n, events) for n in nodes[k:k + 10]))
@@ -216,20 +261,23 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
         out["local_fill_events_per_s"] = total / out["fill_s"]
 
         peak = [0.0] * 3
+
+        def sample_rss() -> None:
+            for i, s in enumerate(hub.servers):
+                peak[i] = max(peak[i], rss_mib(s.pid))
+
+        say(f"backlog: the fleet stream sources {total} events from {nodes_n} nodes")
         start = time.perf_counter()
         await ensure_fleet_stream(bus.js, [n.node for n in nodes])
         out["create_ms"] = (time.perf_counter() - start) * 1e3
-        while (count := await fleet_count(bus)) < total:
-            for i, s in enumerate(hub.servers):
-                peak[i] = max(peak[i], rss_mib(s.pid))
-            await asyncio.sleep(0.5)
-            if time.perf_counter() - start > 1800:
-                raise TimeoutError(f"fleet stream stuck at {count}/{total}")
+        waited = await wait_sourced(bus, FLEET_STREAM, total, on_poll=sample_rss)
         out["backlog_s"] = time.perf_counter() - start
+        out["fleet_sources_flagged_stalled_max"] = waited["sources_flagged_stalled_max"]
         out["backlog_events_per_s"] = total / out["backlog_s"]
         out["hub_rss_peak_mib"] = peak
         out["hub_rss_after_mib"] = [rss_mib(s.pid) for s in hub.servers]
 
+        say("floor: raw records on every leaf, then one hub stream sourcing them all")
         start = time.perf_counter()
         for k in range(0, nodes_n, 10):
             await asyncio.gather(*(floor_fill(n, events) for n in nodes[k:k + 10]))
@@ -237,6 +285,7 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
         out.update(await floor_backlog(bus, nodes, nodes_n * events))
         out["fleet_vs_floor"] = out["floor_backlog_events_per_s"] / out["backlog_events_per_s"]  # goal: <= 1.5
 
+        say("join cost, then the recorder into SQLite and PostgreSQL")
         out["join_ms"] = await join_cost(bus, [100, 500, 1000])
 
         out["recorder_sqlite_events_per_s"], out["fleet_at_sqlite_ms"] = await record(
@@ -250,6 +299,7 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
             finally:
                 await pg.stop()
 
+        say("grant latency with and without a fleet link")
         linked = await grant_latencies(nodes[0], 300)
         lone_server = NatsServer(root / "lone")
         await lone_server.start()

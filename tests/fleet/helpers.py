@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from libs.bus import Bus, NatsServer, Relay
 from libs.config import Settings
 from libs.errors import BusError
@@ -281,6 +283,17 @@ class LedgerNode:
         await self.event_log.append([ev])
         self.live.append(ev)
         return ev
+
+    async def grant_many(self, count: int, *, batch: int = 250) -> None:
+        """``count`` grants, ``batch`` per commit (a busy allocator's groups): a backlog in little time."""
+        assert self.event_log
+        template = await self.grant()
+        left = count - 1
+        while left > 0:
+            chunk = [msgspec.structs.replace(template, alloc_id=uuid.uuid4().hex, pod_uid=str(uuid.uuid4()))
+                     for _ in range(min(batch, left))]
+            await self.event_log.append(chunk)
+            left -= len(chunk)
 
     async def release(self, grant: AllocationGranted | None = None) -> None:
         assert self.event_log

@@ -266,3 +266,33 @@ async def test_a_nodes_broker_receives_no_reply_meant_for_another_node_or_the_hu
         await local.flush()
         await asyncio.sleep(0.5)
         assert seen == [], seen[:5]
+
+
+async def test_a_nodes_backlog_beyond_the_flow_control_window_reaches_the_fleet_stream(
+        hub: HubCluster, short_dir: Path) -> None:
+    """Sourcing pushes a node's events in flow-control windows (about 2 MB here): the node's consumer
+    sends the next window only once the fleet stream's flow-control reply (``$JS.FC.>``) came back over
+    the leaf link. A node user without that subject in its subscribe allow list gets its first window
+    into the fleet stream and no more: NATS then reports the source "stalled on flow control"."""
+    bulk = await start_fleet_node(hub, short_dir / "n", "bulk")
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(bulk.broker.stop)
+        stack.push_async_callback(bulk.ledger.stop)
+        ledger = bulk.ledger
+        assert ledger.event_log is not None and ledger.relay is not None and ledger.bus is not None
+        await ledger.grant_many(5000)
+        await ledger.relay.wait_published(ledger.event_log.last_seq, timeout=60)
+        node_stream = await ledger.bus.js.stream_info(Subjects("bulk").stream)
+        assert node_stream.state.bytes > 4 << 20  # at least two windows
+        recorder = await hub.recorder_bus()
+        stack.push_async_callback(recorder.close)
+        await ensure_fleet_stream(recorder.js, ["bulk"])
+        want = ledger.event_log.last_seq
+
+        async def all_in() -> bool:
+            return (await recorder.js.stream_info(FLEET_STREAM)).state.messages >= want
+
+        await eventually(all_in, timeout=60, interval=0.5, what=f"all {want} of the node's events in the fleet stream")
+        info = await recorder.js.stream_info(FLEET_STREAM)
+        assert info.state.messages == want
+        assert [s.error for s in info.sources or []] == [None]
