@@ -73,8 +73,9 @@ def node_permissions(node: str) -> dict[str, object]:
     domain = node_domain(node)
     return {
         "publish": {
-            "allow": [f"gpuledger.{token}.>", "$JS.S.>", "$JSC.R.>", f"{HUB_INBOX}.>", "$JS.FC.>",
-                      f"$JS.{domain}.>"],
+            # No $JS.FC.>: the hub answers flow control towards the node (subscribe); a node that
+            # could publish there could answer for another node's source consumer.
+            "allow": [f"gpuledger.{token}.>", "$JS.S.>", "$JSC.R.>", f"{HUB_INBOX}.>", f"$JS.{domain}.>"],
         },
         "subscribe": {
             "allow": [f"$JS.{domain}.API.>", "$JS.FC.>", f"{subjects.inbox}.>", "$JS.ACK.>",

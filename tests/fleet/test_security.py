@@ -54,6 +54,7 @@ async def test_a_node_may_not_publish_or_read_another_nodes_subjects(hub: HubClu
     alpha = await _node_client(hub, "alpha")
     try:
         await recorder.subscribe("gpuledger.>", dict, on_any)
+        await recorder.subscribe("$JS.FC.>", dict, on_any)  # where a source consumer's flow control is answered
         await recorder.flush()
         async def own_arrives(what: str) -> bool:  # until the recorder's interest reached alpha's server
             await alpha.publish(Subjects("alpha").event("alloc.granted"), {"what": what})
@@ -62,9 +63,11 @@ async def test_a_node_may_not_publish_or_read_another_nodes_subjects(hub: HubClu
 
         await eventually(lambda: own_arrives("own"), timeout=10, interval=0.05, what="alpha's own publish")
         await alpha.publish(Subjects("beta").event("alloc.granted"), {"what": "forged"})  # refused by the server
+        await alpha.publish("$JS.FC.FLEET.beta.1", {"what": "flow control"})  # only the hub answers there
         await alpha.publish(Subjects("alpha").event("alloc.granted"), {"what": "after"})
         await eventually(lambda: "after" in seen, timeout=10, interval=0.05, what="alpha's next publish")
-        assert "forged" not in seen  # one connection keeps its order: it would have come before "after"
+        # one connection keeps its order: these would have come before "after"
+        assert "forged" not in seen and "flow control" not in seen, seen
         # reading: another node's subjects, and the central JetStream API (the fleet stream), are refused
         leaked: list[str] = []
 
