@@ -16,6 +16,7 @@ import pytest
 from libs.bus import Bus
 from libs.config import Settings
 from libs.vcuda import VcudaClientError
+from services.vmanager.metrics import VmanagerCollector
 from tests.vmanager.helpers import (
     BLOCK,
     FakeRuntime,
@@ -58,6 +59,10 @@ async def test_the_runtime_names_the_container_before_the_pod_status_does(
         assert runtime.calls == [cid]
         assert watchdog.calls == []
         assert svc.registrations.names.resolved == {"runtime": 1}
+        # /metrics says so too
+        collected = {f.name: f for f in VmanagerCollector(svc.tracker, svc.sockets, svc.registrations.names).collect()}
+        samples = {s.labels["via"]: s.value for s in collected["gpuledger_vmanager_container_names"].samples}
+        assert samples == {"runtime": 1, "watchdog": 0}
 
 
 async def test_a_container_of_another_pod_is_refused_by_the_runtime(
