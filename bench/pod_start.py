@@ -11,7 +11,7 @@ vcuda.config; then it touches a file in a hostPath directory, which ends the mea
 pod's container touches the file at once. Each pod is deleted before the next one (teardown not
 timed). The four services run in this process (as in tests/runtime); needs root + containerd.
 
-    python -m bench.pod_start [--pods 100] [--json out.json]
+    python -m bench.pod_start [--pods 100] [--no-runtime-endpoint] [--json out.json]
 """
 
 from __future__ import annotations
@@ -81,18 +81,20 @@ async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout
     return elapsed
 
 
-async def run(pods: int, breakdown: bool = False, services: str = "processes") -> dict[str, Any]:
+async def run(pods: int, breakdown: bool = False, services: str = "processes",
+              runtime_endpoint: bool = True) -> dict[str, Any]:
     trace = install() if breakdown else None
     root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
     try:
         with fake_gpus_on_host(root) as gpus:
-            result = await _measure(root, gpus, pods, services, trace)
+            result = await _measure(root, gpus, pods, services, trace, runtime_endpoint)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     gpu, plain = result.pop("gpu_times"), result.pop("plain_times")
     return {
         "machine": f"{platform.machine()} {platform.system()} {platform.release()}",
         "services": services,
+        "container_runtime_endpoint": runtime_endpoint,
         **result,
         "gpu": gpu, "plain": plain,
         "p50_overhead_pct": round(100 * (gpu["p50_ms"] / plain["p50_ms"] - 1), 1),
@@ -101,7 +103,8 @@ async def run(pods: int, breakdown: bool = False, services: str = "processes") -
     }
 
 
-async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: Trace | None) -> dict[str, Any]:
+async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: Trace | None,
+                   runtime_endpoint: bool) -> dict[str, Any]:
     from services.allocator import app as allocator_app
     from services.registrar import app as registrar_app
     from services.vmanager import app as vmanager_app
@@ -124,6 +127,8 @@ async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: 
                 runtime="containerd", runtime_dir=root / "rt"))
             await sim.start()
             stack.push_async_callback(sim.stop)
+            if runtime_endpoint:  # the vmanager names registering containers through the runtime's CRI
+                settings = settings.replace(container_runtime_endpoint=str(sim.runtime.containerd.socket))
             if services == "processes":  # gpuledger up's way: each service its own process
                 launcher = Launcher(settings, embedded_nats=False, log_dir=root / "logs")
                 stack.push_async_callback(launcher.stop)
@@ -154,6 +159,9 @@ def main() -> None:
     parser.add_argument("--services", choices=("processes", "in-process"), default="processes",
                         help="the four services as their own processes (gpuledger up's way, default) or "
                              "in the bench's process")
+    parser.add_argument("--no-runtime-endpoint", dest="runtime_endpoint", action="store_false",
+                        help="do not give the vmanager containerd's socket: container names come from the "
+                             "pod's status through the watchdog (the fallback)")
     parser.add_argument("--breakdown", action="store_true",
                         help="time each step of a pod start (bench/pod_start_trace.py) and print the medians")
     args = parser.parse_args()
@@ -161,7 +169,7 @@ def main() -> None:
     if reason:
         raise SystemExit(f"bench.pod_start needs the real runtime: {reason}")
     configure_logging("bench", fmt="console", level="warning")
-    result = asyncio.run(run(args.pods, args.breakdown, args.services))
+    result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint))
     for key in ("gpu", "plain"):
         r = result[key]
         print(f"{r['name']:<22} n={r['n']} p50={r['p50_ms']:.1f} ms p99={r['p99_ms']:.1f} ms "

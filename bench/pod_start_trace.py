@@ -80,7 +80,7 @@ def install() -> Trace:
     from services.allocator.podcache import PodCache
     from services.allocator.podresources import KubeletPodResources
     from services.registrar.plugin import DevicePlugin
-    from services.vmanager import containers, peergate, register
+    from services.vmanager import containers, peergate, register, runtimenames
     from services.vmanager.prepare import Prepare
     from simulator import kubelet
     from simulator.devicemanager import DeviceManager
@@ -98,7 +98,9 @@ def install() -> Trace:
     trace.wrap_async(peergate.PeerGate, "_serve", "vcuda.sock connection (whole)")
     trace.wrap_sync(peergate, "check_caller", "caller check (/proc, cgroup)")
     trace.wrap_async(register.VDeviceRegistrations, "register", "RegisterVDevice handler")
-    trace.wrap_async(containers.ContainerNames, "lookup", "container id -> name (watchdog)")
+    trace.wrap_async(containers.ContainerNames, "lookup", "container id -> name (whole)")
+    trace.wrap_async(runtimenames.RuntimeNames, "lookup", " container id -> name: runtime ContainerStatus")
+    trace.wrap_async(containers.ContainerNames, "_from_watchdog", " container id -> name: watchdog")
     trace.wrap_sync(register, "write_container_files", "vcuda.config + pids.config written")
     trace.wrap_async(Endpoint, "allocate", " kubelet: Allocate rpc")
     trace.wrap_async(Endpoint, "get_preferred_allocation", " kubelet: GetPreferredAllocation rpc")

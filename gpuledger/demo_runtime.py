@@ -43,9 +43,10 @@ class DemoRuntime:
         return self.work / "containerd.sock"
 
     def settings(self, settings: Settings) -> Settings:
-        """The agent sees what real containers are: the host's /proc and cgroup tree, our fake GPUs."""
+        """The agent sees what real containers are: the host's /proc and cgroup tree, our fake GPUs, and
+        the runtime itself (the vmanager names registering containers through its CRI)."""
         return settings.replace(proc_root="/proc", cgroup_root="/sys/fs/cgroup", gpus=f"fake:{self.gpu_file}",
-                                driver_volumes=False)
+                                driver_volumes=False, container_runtime_endpoint=str(self.socket))
 
     def sim_args(self) -> list[str]:
         return ["--runtime", "containerd", "--runtime-dir", str(self.work)]

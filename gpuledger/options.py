@@ -113,6 +113,9 @@ def agent_options(fn: F) -> F:
              help="Where the host's cgroup hierarchies are mounted (v1, v2 or hybrid)."),
         _opt("--proc-root", env="GPULEDGER_PROC_ROOT", default="/proc", show_default=True,
              help="The host's /proc, to check which pod a vcuda.sock caller belongs to."),
+        _opt("--container-runtime-endpoint", env="GPULEDGER_CONTAINER_RUNTIME_ENDPOINT", default="",
+             help="The CRI runtime's socket (PATH or unix://PATH): the vmanager asks it which container a "
+                  "registering container id is [default: none, the pod's status through the watchdog]."),
         _opt("--hami-library", env="GPULEDGER_HAMI_LIBRARY", default="/usr/local/vgpu/libvgpu.so",
              show_default=True, help="hami-core mode: host path of HAMi-core's libvgpu.so."),
         _opt("--hami-mount-dir", env="GPULEDGER_HAMI_MOUNT_DIR", default="/usr/local/vgpu", show_default=True,

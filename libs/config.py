@@ -61,6 +61,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     limit_delivery: str = "vcuda"            # vcuda: gpu-manager's vcuda.config; hami-core: HAMi-core's env
     cgroup_root: str = "/sys/fs/cgroup"      # where the host's cgroup hierarchies are mounted
     proc_root: str = "/proc"                 # the host's /proc (the vmanager runs with hostPID)
+    # CRI runtime socket (a path or unix://PATH): the vmanager asks it (ContainerStatus) which container
+    # a registering id is, as gpu-manager did; empty, or no answer in time: the pod's status via the watchdog
+    container_runtime_endpoint: str = ""
     hami_library: str = "/usr/local/vgpu/libvgpu.so"  # host path of HAMi-core's libvgpu.so
     hami_mount_dir: str = "/usr/local/vgpu"  # HAMi's <hookPath>/vgpu inside the container
     hami_lock_dir: str = "/tmp/vgpulock"     # host-wide lock directory HAMi-core expects, same in container
@@ -110,6 +113,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 f"limit_delivery must be one of {', '.join(LIMIT_DELIVERIES)}, not {self.limit_delivery!r}")
         if self.allocate_timeout <= 0 or self.request_timeout <= 0:
             raise msgspec.ValidationError("timeouts must be positive")
+        if self.container_runtime_endpoint and not self.runtime_socket.is_absolute():
+            raise msgspec.ValidationError(
+                f"container_runtime_endpoint must be an absolute socket path or unix:///PATH, "
+                f"not {self.container_runtime_endpoint!r}")
         if self.allocation_check_period <= 0:
             raise msgspec.ValidationError("allocation_check_period must be positive")
         try:
@@ -171,6 +178,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def vcuda_backend_socket(self) -> Path:
         """The vmanager's private gRPC socket behind every pod's vcuda.sock (never mounted anywhere)."""
         return Path(self.state_dir) / "run" / "vcuda-backend.sock"
+
+    @property
+    def runtime_socket(self) -> Path:
+        """The CRI runtime's unix socket from ``container_runtime_endpoint`` (``unix://`` taken off)."""
+        endpoint = self.container_runtime_endpoint
+        return Path(endpoint.removeprefix("unix://"))
 
     @property
     def hami_preload(self) -> Path:

@@ -386,6 +386,8 @@ async def run_simulator(cfg: SimConfig, *, stop: asyncio.Event | None = None) ->
                 kubeconfig=str(cfg.kubeconfig_path) if cfg.kubeconfig_path else None,
                 kubelet_socket=str(sim.registration.socket_path),
                 pod_resources_socket=str(cfg.pod_resources_socket) if cfg.pod_resources_socket else None,
+                # for the agent's --container-runtime-endpoint
+                container_runtime_endpoint=str(sim.runtime.containerd.socket) if sim.runtime else None,
             )
             await stop.wait()  # the one unbounded wait: the CLI runs until told to stop
     finally:

@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from libs.bus.client import Bus
 from libs.commands import (
@@ -74,6 +74,7 @@ _NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notificati
 _FETCH_AFTER = 0.005  # a pod's notification is usually in by then: later, fetch the pod rather than wait on
 _FETCH_AT_MOST = 3  # pods the kubelet lists and our copy lacks, fetched by name; more: our copy is behind
 _logger = get_logger("allocator")
+_T = TypeVar("_T")
 
 
 class Allocator:
@@ -478,9 +479,28 @@ class Allocator:
         place of its private checkpoint: learn who really holds the devices, correct the grant when
         the Allocate-time guess was wrong, check the grant, then have the pod's vcuda.sock served."""
         self._check_devices(req.resource, req.device_ids)
+        guessed = self.state.find_by_devices(req.device_ids)
+        # The vmanager serves a pod's vcuda.sock as soon as it folds the pod's grant; asking it to be
+        # ready is only a barrier, so it is asked for the granted pod at once, answered while the
+        # kubelet's record is read. Its answer is used only when the check passes for that same pod.
+        early_prepare = _Lookup(self._prepare(guessed.pod_uid)) if guessed is not None else None
+        try:
+            alloc = await self._checked(req, guessed)
+            if early_prepare is not None and guessed is not None and guessed.pod_uid == alloc.pod_uid:
+                prepared = await early_prepare.result()
+            else:
+                prepared = await self._prepare(alloc.pod_uid)
+        finally:
+            if early_prepare is not None:
+                early_prepare.drop()
+        self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True)
+        return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
+                             vcuda_socket=prepared.socket)
+
+    async def _checked(self, req: PreStartRequest, guessed: Allocation | None) -> Allocation:
+        """The grant the kubelet's record confirms (corrected if need be), checked against its pod."""
         # The kubelet's record (it may correct the grant) and the granted pod, asked together: the
         # pod is looked up again only when a correction moved the grant to another pod.
-        guessed = self.state.find_by_devices(req.device_ids)
         early = _Lookup(self._active_pod(guessed.pod_uid)) if guessed is not None else None
         try:
             holder = await self.verify_identity(req.device_ids, reason="prestart")
@@ -511,16 +531,17 @@ class Allocator:
             message = f"PreStartContainer check failed, {problem}"
             await self.fail_pod(alloc, message)
             raise ServiceError(409, message)
+        return alloc
+
+    async def _prepare(self, pod_uid: str) -> PrepareReply:
+        """The vmanager serves the pod's vcuda.sock (it has folded the log up to now)."""
         try:
-            prepared = await self.bus.request(
-                self.bus.subjects.prepare, PrepareRequest(pod_uid=alloc.pod_uid, alloc_seq=self.state.seq),
+            return await self.bus.request(
+                self.bus.subjects.prepare, PrepareRequest(pod_uid=pod_uid, alloc_seq=self.state.seq),
                 PrepareReply, timeout=self.settings.request_timeout,
             )
         except BusError as exc:
-            raise ServiceError(503, f"failed to setup VCuda for pod {alloc.pod_uid}: {exc}") from exc
-        self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True)
-        return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
-                             vcuda_socket=prepared.socket)
+            raise ServiceError(503, f"failed to setup VCuda for pod {pod_uid}: {exc}") from exc
 
     async def _active_pod(self, uid: str) -> Pod | None:
         """The pod, while active: from our copy of the watchdog's notifications when it holds it
@@ -677,14 +698,14 @@ async def _news(cache: PodCache, since: int, fetch: asyncio.Task[list[Pod]], unt
     return True
 
 
-class _Lookup:
+class _Lookup(Generic[_T]):
     """A lookup started ahead of knowing whether its answer will be wanted: awaited with
     ``result``, else dropped (cancelled, and a failure nobody asked for is not reported)."""
 
-    def __init__(self, lookup: Awaitable[Pod | None]) -> None:
+    def __init__(self, lookup: Awaitable[_T]) -> None:
         self._task = asyncio.ensure_future(lookup)
 
-    async def result(self) -> Pod | None:
+    async def result(self) -> _T:
         return await self._task
 
     def drop(self) -> None:

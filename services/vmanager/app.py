@@ -45,7 +45,13 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         bus = await Bus.connect(settings.nats_url, name="vmanager", node=settings.node_name)
         stack.push_async_callback(bus.close)
         state = LedgerState()
-        names = ContainerNames(bus, timeout=settings.request_timeout)
+        runtime = None
+        if settings.container_runtime_endpoint:
+            from services.vmanager.runtimenames import RUNTIME_TIMEOUT, RuntimeNames  # loads the CRI stubs
+
+            runtime = RuntimeNames(settings.runtime_socket, timeout=min(RUNTIME_TIMEOUT, settings.request_timeout))
+            stack.push_async_callback(runtime.close)
+        names = ContainerNames(bus, timeout=settings.request_timeout, runtime=runtime)
         registrations = VDeviceRegistrations(state, names, lookup_patience=settings.request_timeout,
                                              cgroup_root=Path(settings.cgroup_root))
         callers = Callers()
@@ -64,7 +70,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)
         supervisor = Supervisor("vmanager")
         stack.push_async_callback(supervisor.aclose)
-        await stack.enter_async_context(observe(settings, tracker, sockets))  # /metrics
+        await stack.enter_async_context(observe(settings, tracker, sockets, names))  # /metrics
         supervisor.spawn(tracker.run(), "follow")
         sub = await bus.serve(bus.subjects.prepare, PrepareRequest,
                               Prepare(tracker, sockets, timeout=settings.request_timeout))

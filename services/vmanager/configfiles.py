@@ -1,7 +1,11 @@
 """Writing a container's vcuda.config: inside its pod directory only, atomically, only when it changed.
 
 The CUDA library reads the file with one ``read()`` at any moment, so a reader must see either the
-old bytes or the new ones: write a temporary file next to it, fsync, then ``os.replace``.
+old bytes or the new ones: write a temporary file next to it, then ``os.replace``. A container's
+vcuda.config and pids.config are not fsynced: they are derived from the log and rewritten by every
+registration, which the library makes before it reads them, and a host crash that could lose them
+also ends every process that read them (their restarted containers register again). Files read
+without a registration first (HAMi's ld.so.preload) are written durably (``durable=True``).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def write_container_files(pod_dir: Path, entry: str, files: dict[str, bytes]) ->
     if not stat.S_ISDIR(info.st_mode):  # a symlink or a file where the directory should be
         raise ValueError(f"{target} exists and is not a directory")
     container_dir(pod_dir, entry)  # still inside, now that it exists
-    return {name: write_atomic(target / name, data) for name, data in files.items()}
+    return {name: write_atomic(target / name, data, durable=False) for name, data in files.items()}
 
 
 def _current(path: Path) -> bytes | None:
@@ -65,8 +69,9 @@ def _current(path: Path) -> bytes | None:
         return f.read()
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> bool:
-    """Replace ``path`` with ``data`` atomically; skip (False) when the bytes are already there."""
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> bool:
+    """Replace ``path`` with ``data`` atomically; skip (False) when the bytes are already there.
+    ``durable``: fsync the file and the directory, so that the new bytes survive a host crash."""
     if _current(path) == data:
         return False
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -75,12 +80,15 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> bool:
             f.write(data)
             f.flush()
             os.fchmod(f.fileno(), mode)  # readable by the container's user, whoever it is
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return True
     # The rename itself must survive a crash too.
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -1,20 +1,27 @@
-"""Container id -> Kubernetes container name, from the pod's status as the watchdog sees it.
+"""Container id -> Kubernetes container name: from the CRI runtime when one is configured
+(runtimenames.py, gpu-manager's way), else from the pod's status as the watchdog sees it.
 
-gpu-manager asks the CRI runtime; the vmanager asks the watchdog (``watchdog.pods``) and looks for
-the container status (init or app) whose ``containerID`` is ``<runtime>://<id>``. The kubelet posts
-a new container's id shortly *after* starting it, while the CUDA library registers as soon as the
-process initialises CUDA, so a miss is retried (listing fresh from the API server) for a bounded time.
+The watchdog (``watchdog.pods``) answers with the pod; the container status (init or app) whose
+``containerID`` is ``<runtime>://<id>`` names it. The kubelet posts a new container's id shortly
+*after* starting it, while the CUDA library registers as soon as the process initialises CUDA, so a
+miss is retried (listing fresh from the API server) for a bounded time. The runtime knows the
+container from its creation: no such race, one local call.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from libs.bus.client import Bus
 from libs.commands import PodsReply, PodsRequest
 from libs.errors import BusError, RemoteError
 from libs.kube.pods import Pod
+
+if TYPE_CHECKING:
+    from services.vmanager.runtimenames import RuntimeNames
 
 __all__ = ["ContainerNames", "ContainerRef", "ContainerUnknown", "WatchdogUnavailable", "find_container"]
 
@@ -31,6 +38,7 @@ class WatchdogUnavailable(Exception):
 class ContainerRef:
     name: str
     qos_class: str  # the pod's status.qosClass ("" when not reported): where its cgroup lives
+    via: str = "watchdog"  # who named it: "runtime" (CRI ContainerStatus) or "watchdog" (the pod's status)
 
 
 def find_container(pods: list[Pod], pod_uid: str, container_id: str) -> ContainerRef | None:
@@ -44,14 +52,29 @@ def find_container(pods: list[Pod], pod_uid: str, container_id: str) -> Containe
 
 
 class ContainerNames:
-    def __init__(self, bus: Bus, *, timeout: float) -> None:
+    def __init__(self, bus: Bus, *, timeout: float, runtime: RuntimeNames | None = None) -> None:
         self.bus = bus
         self.timeout = timeout
+        self.runtime = runtime
+        self.resolved: Counter[str] = Counter()  # via -> names found (the vmanager's metrics)
 
     async def lookup(self, pod_uid: str, container_id: str, *, patience: float) -> ContainerRef:
-        """The container's name and pod QoS class; retried for up to ``patience`` seconds while the status lacks it."""
+        """The container's name (and pod QoS class from the watchdog); the runtime first when configured,
+        then the pod's status, retried for up to ``patience`` seconds while it lacks the id."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(patience, 0.0)
+        if self.runtime is not None:
+            # Half the patience at most: a silent runtime leaves the watchdog time to answer.
+            ref = await self.runtime.lookup(pod_uid, container_id, timeout=max(patience, 0.0) / 2)
+            if ref is not None:
+                self.resolved[ref.via] += 1
+                return ref
+        ref = await self._from_watchdog(pod_uid, container_id, deadline)
+        self.resolved[ref.via] += 1
+        return ref
+
+    async def _from_watchdog(self, pod_uid: str, container_id: str, deadline: float) -> ContainerRef:
+        loop = asyncio.get_running_loop()
         delay, fresh = 0.02, False  # the status usually lands within a few ms of the container's start
         while True:
             remaining = max(deadline - loop.time(), 0.05)

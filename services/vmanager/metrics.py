@@ -6,11 +6,12 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from libs.config import Settings
 from libs.metrics import serving
+from services.vmanager.containers import ContainerNames
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.tracker import AllocationTracker
 
@@ -18,11 +19,12 @@ __all__ = ["VmanagerCollector", "observe"]
 
 
 class VmanagerCollector(Collector):
-    def __init__(self, tracker: AllocationTracker, sockets: PodSockets) -> None:
+    def __init__(self, tracker: AllocationTracker, sockets: PodSockets, names: ContainerNames | None = None) -> None:
         self.tracker = tracker
         self.sockets = sockets
+        self.names = names
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         for name, doc, value in (
             ("gpuledger_vmanager_followed_seq", "Seq of the last log event the vmanager has folded",
              self.tracker.follower.last_seq),
@@ -33,13 +35,21 @@ class VmanagerCollector(Collector):
             fam = GaugeMetricFamily(name, doc)
             fam.add_metric([], value)
             yield fam
+        if self.names is not None:
+            lookups = CounterMetricFamily(
+                "gpuledger_vmanager_container_names",
+                "Registering container ids named, by who named them (runtime: CRI ContainerStatus; "
+                "watchdog: the pod's status)", labels=["via"])
+            for via in ("runtime", "watchdog"):
+                lookups.add_metric([via], self.names.resolved[via])
+            yield lookups
 
 
 @asynccontextmanager
-async def observe(settings: Settings, tracker: AllocationTracker,
-                  sockets: PodSockets) -> AsyncIterator[CollectorRegistry]:
+async def observe(settings: Settings, tracker: AllocationTracker, sockets: PodSockets,
+                  names: ContainerNames | None = None) -> AsyncIterator[CollectorRegistry]:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    registry.register(VmanagerCollector(tracker, sockets))
+    registry.register(VmanagerCollector(tracker, sockets, names))
     async with serving(settings, "vmanager", registry):
         yield registry

@@ -78,7 +78,7 @@ def realign_pod_dir(pod_dir: Path, wanted: dict[str, bytes]) -> Realigned:
             if name not in wanted:
                 shutil.rmtree(target)
                 done.removed.append(entry)
-            elif write_atomic(target / CONFIG_NAME, wanted[name]):
+            elif write_atomic(target / CONFIG_NAME, wanted[name], durable=False):
                 done.rewritten.append(entry)
         except FileNotFoundError:
             continue  # removed meanwhile (the pod's teardown)

@@ -9,8 +9,8 @@ directory:
 - exactly one of ``container_id`` (current library) or ``container_name`` (legacy), each checked
   against the form runtimes / Kubernetes produce; an id must be the caller's own container when
   its cgroup names one;
-- the container (by name, or by id via the watchdog's pod status) must hold an allocation in the
-  folded log; its limits become ``<pod dir>/<id or name>/vcuda.config``;
+- the container (by name, or by id via the CRI runtime or the watchdog's pod status) must hold an
+  allocation in the folded log; its limits become ``<pod dir>/<id or name>/vcuda.config``;
 - ``<pod dir>/<id or name>/pids.config``: the container's host pids from its cgroup (libs/cgroups.py),
   rewritten on every registration (each new CUDA process registers), written before vcuda.config.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 import grpc
 
@@ -33,12 +34,20 @@ from services.vmanager.containers import ContainerNames, ContainerRef, Container
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
 from services.vmanager.peergate import Caller, Callers
 
-__all__ = ["RegisterError", "VDeviceRegistrations", "VcudaServicer"]
+__all__ = ["Bound", "RegisterError", "VDeviceRegistrations", "VcudaServicer"]
 
 _logger = get_logger("vmanager")
 
 # Keep a little of the caller's deadline to write the file and answer.
 _DEADLINE_MARGIN = 0.5
+
+
+class Bound(NamedTuple):
+    entry: str  # the directory written under the pod's: the container id, or the legacy name
+    name: str  # the Kubernetes container name
+    changed: bool  # vcuda.config was (re)written
+    pids: int  # pids in pids.config
+    via: str  # who named the container: runtime, watchdog, or the request itself (legacy)
 
 
 class RegisterError(Exception):
@@ -78,8 +87,8 @@ class VDeviceRegistrations:
 
     async def register(
         self, caller: Caller, pod_dir: Path, req: pb.VDeviceRequest, *, time_left: float | None = None
-    ) -> tuple[str, str, bool, int]:
-        """(entry written, container name, vcuda.config changed, pids written) or RegisterError."""
+    ) -> Bound:
+        """What was written, or RegisterError."""
         pod_uid = caller.pod_uid
         own_id = caller.owner.container_id if caller.owner else None
         if not is_pod_uid(req.pod_uid):
@@ -94,7 +103,7 @@ class VDeviceRegistrations:
                     f"container_name {req.container_name[:80]!r} is not a Kubernetes container name"
                 )
             entry = name = req.container_name
-            ref = ContainerRef(name=name, qos_class="")
+            ref = ContainerRef(name=name, qos_class="", via="request")
             container_id = own_id  # the legacy library does not say; its caller's cgroup does
         elif req.container_id:
             if not is_container_id(req.container_id):
@@ -142,7 +151,7 @@ class VDeviceRegistrations:
         except OSError as exc:
             message = f"cannot write vcuda.config for {entry}: {exc}"
             raise RegisterError(grpc.StatusCode.INTERNAL, message) from exc
-        return entry, name, written[CONFIG_NAME], len(pids)
+        return Bound(entry, name, written[CONFIG_NAME], len(pids), ref.via)
 
     def _pids(self, caller: Caller, container_id: str | None, qos: str) -> list[int]:
         if container_id is None:
@@ -190,7 +199,7 @@ class VcudaServicer(pb_grpc.VCUDAServiceServicer):
                                     "the connection did not come through a pod's vcuda.sock")
             if caller.refusal is not None:
                 raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, caller.refusal)
-            entry, name, changed, pids = await self.registrations.register(
+            bound = await self.registrations.register(
                 caller, self.vm_root / caller.directory_name, request, time_left=context.time_remaining()
             )
         except RegisterError as exc:
@@ -198,6 +207,6 @@ class VcudaServicer(pb_grpc.VCUDAServiceServicer):
                          pid=caller.pid if caller else None, code=exc.code.name, error=exc.message)
             await context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc  # context.abort raises
-        _logger.info("container bound", pod_uid=caller.pod_uid, container=name, entry=entry, written=changed,
-                  pids=pids)
+        _logger.info("container bound", pod_uid=caller.pod_uid, container=bound.name, entry=bound.entry,
+                     written=bound.changed, pids=bound.pids, via=bound.via)
         return pb.VDeviceResponse()

@@ -177,6 +177,8 @@ async def start_rt_node(stack: AsyncExitStack, root: Path, url: str, images: Pat
         assert_nothing_left(root, handle)
 
     stack.push_async_callback(stop)
+    # The vmanager asks this containerd for a registering container's name, as on a real node
+    overrides = {"container_runtime_endpoint": str(handle.containerd.socket), **overrides}
     return RtNode(sim=sim, settings=rt_settings(root, url, gpus, **overrides), gpus=gpus)
 
 

@@ -5,6 +5,7 @@ inside a container works against the restarted vmanager."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 
@@ -21,6 +22,10 @@ async def test_services_killed_and_restarted_while_containers_run(rt_node_proces
     whole = await node.run_pod(pod("whole", gpu_container("cuda", cores=100)))
     assert share["status"]["phase"] == whole["status"]["phase"] == "Running"
     assert (await node.register("share", "cuda"))[0] == 0
+    # The vmanager process got containerd's socket (--container-runtime-endpoint) and named the container there.
+    bound = [json.loads(line) for line in (node.launcher.log_dir / "vmanager.log").read_text().splitlines()
+             if '"container bound"' in line]
+    assert [b["via"] for b in bound] == ["runtime"], bound
     before = await node.read_vcuda_config("share", "cuda")
     _, devices_before = await node.sh("whole", "cuda", "ls /dev | grep nvidia")
 

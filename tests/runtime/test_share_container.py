@@ -28,6 +28,8 @@ async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(
     # 3. Register the way the interception library does: connect to the mounted vcuda.sock.
     code, out = await node.register("share", "cuda")
     assert (code, out.strip()) == (0, "registered"), out
+    # The vmanager named the container by asking containerd (CRI ContainerStatus), not the pod's status.
+    assert node.services["vmanager"].registrations.names.resolved == {"runtime": 1}
 
     # 4. The container reads its own vcuda.config: its pod, its container, 50 % and 1 GiB.
     cfg = await node.read_vcuda_config("share", "cuda")

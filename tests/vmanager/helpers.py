@@ -22,6 +22,8 @@ import msgspec
 from libs.bus import Bus, Relay
 from libs.commands import PodsReply, PodsRequest, PrepareReply, PrepareRequest
 from libs.config import Settings
+from libs.cri.v1 import api_pb2 as cri
+from libs.cri.v1 import api_pb2_grpc as cri_grpc
 from libs.events.schema import (
     AllocationGranted,
     AllocationReleased,
@@ -318,3 +320,45 @@ async def prepared(ledger: Ledger, bus: Bus, uid: str, *grants: object) -> Path:
     reply = await bus.request(bus.subjects.prepare, PrepareRequest(pod_uid=uid, alloc_seq=seq), PrepareReply,
                               timeout=5)
     return Path(reply.socket)
+
+
+class FakeRuntime(cri_grpc.RuntimeServiceServicer):
+    """A CRI runtime's ``ContainerStatus`` on a real unix socket, answering for the containers added
+    (labelled as the kubelet labels them); ``delay`` makes it slow, ``labelled=False`` a runtime that
+    was not driven by a kubelet."""
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        self.containers: dict[str, tuple[str, str]] = {}  # id -> (container name, pod uid)
+        self.calls: list[str] = []
+        self.delay = 0.0
+        self.labelled = True
+        self._server: grpc.aio.Server | None = None
+
+    def add(self, container_id: str, name: str, pod_uid: str) -> None:
+        self.containers[container_id] = (name, pod_uid)
+
+    async def start(self) -> None:
+        self._server = grpc.aio.server()
+        cri_grpc.add_RuntimeServiceServicer_to_server(self, self._server)
+        self._server.add_insecure_port(f"unix://{self.socket}")
+        await self._server.start()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(None)
+
+    async def ContainerStatus(self, request: cri.ContainerStatusRequest,
+                              context: grpc.aio.ServicerContext) -> cri.ContainerStatusResponse:
+        self.calls.append(request.container_id)
+        await asyncio.sleep(self.delay)
+        found = self.containers.get(request.container_id)
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"an error occurred when try to find container "
+                                                           f"{request.container_id!r}: not found")
+        name, pod_uid = found  # type: ignore[misc]
+        labels = {"io.kubernetes.container.name": name, "io.kubernetes.pod.uid": pod_uid,
+                  "io.kubernetes.pod.name": "train-0", "io.kubernetes.pod.namespace": "ml"}
+        return cri.ContainerStatusResponse(status=cri.ContainerStatus(
+            id=request.container_id, metadata=cri.ContainerMetadata(name=name if self.labelled else ""),
+            state=cri.CONTAINER_RUNNING, labels=labels if self.labelled else {}))

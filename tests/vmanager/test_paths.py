@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from services.vmanager.configfiles import container_dir, write_atomic, write_container_config
+from services.vmanager.configfiles import (
+    CONFIG_NAME,
+    PIDS_NAME,
+    container_dir,
+    write_atomic,
+    write_container_config,
+    write_container_files,
+)
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
 
 
@@ -89,3 +96,18 @@ def test_failed_write_leaves_no_temp_file(workdir: Path, monkeypatch: pytest.Mon
     with pytest.raises(OSError, match="disk on fire"):
         write_atomic(path, b"new")
     assert os.listdir(workdir) == ["vcuda.config"] and path.read_bytes() == b"old"
+
+
+def test_container_files_are_not_fsynced_durable_files_are(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    pod_dir = workdir / "pod"
+    pod_dir.mkdir()
+    # Rewritten by every registration before the library reads them: atomic, not durable.
+    assert write_container_files(pod_dir, "main", {PIDS_NAME: b"\x01\x00\x00\x00", CONFIG_NAME: b"cfg"}) == \
+        {PIDS_NAME: True, CONFIG_NAME: True}
+    assert (pod_dir / "main" / CONFIG_NAME).read_bytes() == b"cfg"
+    assert synced == []
+    assert write_atomic(workdir / "ld.so.preload", b"/usr/local/vgpu/libvgpu.so\n")
+    assert len(synced) == 2  # the file, then its directory
