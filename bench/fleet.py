@@ -15,7 +15,8 @@ node's real event log and outbox relay (the synthetic nodes share it, as the iss
 4. recorder: the fleet stream into SQLite, then into PostgreSQL (when installed): events/s.
 5. ``fleet at T`` over everything recorded (SQLite and PostgreSQL).
 6. RSS of the central servers (peak during the backlog, and after).
-7. one node's grant latency (the allocator's append, relay running), with and without a fleet link.
+7. one node's grant latency (the allocator's append, relay running), with and without a fleet link,
+   one grant on each in turn.
 
     python -m bench.fleet [--nodes 50] [--events 10000] [--json out.json]
 """
@@ -299,13 +300,16 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
             finally:
                 await pg.stop()
 
-        say("grant latency with and without a fleet link")
-        linked = await grant_latencies(nodes[0], 300)
+        say("grant latency with and without a fleet link, alternating")
         lone_server = NatsServer(root / "lone")
         await lone_server.start()
         lone = await LedgerNode("lone", root / "lone-ledger", lone_server.url).start()
         try:
-            alone = await grant_latencies(lone, 300)
+            # One grant on each in turn, so whatever the hub or the machine does meanwhile falls on both.
+            linked, alone = [], []
+            for _ in range(300):
+                linked += await grant_latencies(nodes[0], 1)
+                alone += await grant_latencies(lone, 1)
         finally:
             await lone.stop()
             await lone_server.stop()
