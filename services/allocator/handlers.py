@@ -97,7 +97,6 @@ class Allocator:
         self.hami = HamiDelivery.from_settings(settings)
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
         self._marks: dict[str, tuple[float, float, float, float]] = {}
-        self._withdrawn: dict[str, int] = {}  # request id -> its grants withdrawn so far (see _confirmed)
 
     @property
     def state(self) -> LedgerState:
@@ -134,12 +133,6 @@ class Allocator:
                                         time.perf_counter() - confirmed)
 
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
-        try:
-            return await self._placed(req)
-        finally:
-            self._withdrawn.pop(req.request_id, None)
-
-    async def _placed(self, req: AllocateRequest) -> AllocateReply:
         try:
             attempts = _ROOM_ATTEMPTS
             while True:
@@ -379,7 +372,7 @@ class Allocator:
 
         # A grant withdrawn earlier for this request holds its id in the log, where a command id
         # stands for what it recorded (a retry gets those events back): the next try needs its own.
-        tries = self._withdrawn.get(req.request_id, 0)
+        tries = view.withdrawn
         stored = await self.ledger.record(decide, command_id=f"{req.request_id}.{tries}" if tries else req.request_id)
         if not stored:
             return None
@@ -414,7 +407,7 @@ class Allocator:
                                        container=granted.container, reason=reason)]
 
         await self.ledger.record(decide)
-        self._withdrawn[granted.request_id] = self._withdrawn.get(granted.request_id, 0) + 1
+        view.withdrawn += 1
         _logger.info("grant withdrawn before its reply", pod=pod.key, container=granted.container,
                      alloc_id=granted.alloc_id, reason=reason)
         return False
@@ -483,16 +476,9 @@ class Allocator:
         # The vmanager serves a pod's vcuda.sock as soon as it folds the pod's grant; asking it to be
         # ready is only a barrier, so it is asked for the granted pod at once, answered while the
         # kubelet's record is read. Its answer is used only when the check passes for that same pod.
-        early_prepare = _Lookup(self._prepare(guessed.pod_uid)) if guessed is not None else None
-        try:
+        with _Ahead(guessed, self._prepare) as prepare:
             alloc = await self._checked(req, guessed)
-            if early_prepare is not None and guessed is not None and guessed.pod_uid == alloc.pod_uid:
-                prepared = await early_prepare.result()
-            else:
-                prepared = await self._prepare(alloc.pod_uid)
-        finally:
-            if early_prepare is not None:
-                early_prepare.drop()
+            prepared = await prepare.for_pod(alloc.pod_uid)
         self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True)
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
                              vcuda_socket=prepared.socket)
@@ -501,8 +487,7 @@ class Allocator:
         """The grant the kubelet's record confirms (corrected if need be), checked against its pod."""
         # The kubelet's record (it may correct the grant) and the granted pod, asked together: the
         # pod is looked up again only when a correction moved the grant to another pod.
-        early = _Lookup(self._active_pod(guessed.pod_uid)) if guessed is not None else None
-        try:
+        with _Ahead(guessed, self._active_pod) as active_pod:
             holder = await self.verify_identity(req.device_ids, reason="prestart")
             alloc = self.state.find_by_devices(req.device_ids)
             if alloc is None:
@@ -510,13 +495,7 @@ class Allocator:
                     "PreStartContainer check failed, failed to get pod from deviceplugin checkpoint: no allocation "
                     f"holds these {len(req.device_ids)} {RESOURCE_VCORE} devices"
                 ))
-            if early is not None and guessed is not None and guessed.pod_uid == alloc.pod_uid:
-                pod = await early.result()
-            else:
-                pod = await self._active_pod(alloc.pod_uid)
-        finally:
-            if early is not None:
-                early.drop()
+            pod = await active_pod.for_pod(alloc.pod_uid)
         if pod is None:
             raise ServiceError(404, f"PreStartContainer check failed, failed to get pod {alloc.pod_uid} in watchdog")
         # The memory limit comes from the pod spec (as in gpu-manager); the kubelet's vmemory count
@@ -698,22 +677,33 @@ async def _news(cache: PodCache, since: int, fetch: asyncio.Task[list[Pod]], unt
     return True
 
 
-class _Lookup(Generic[_T]):
-    """A lookup started ahead of knowing whether its answer will be wanted: awaited with
-    ``result``, else dropped (cancelled, and a failure nobody asked for is not reported)."""
+class _Ahead(Generic[_T]):
+    """A per-pod lookup (``lookup(pod_uid)``) started for the pod of the grant ``guessed`` before a
+    check says which pod is the right one: ``for_pod`` answers from it when it is that pod, else
+    looks up afresh. Leaving the ``with`` drops it (cancelled; a failure nobody asked for is not
+    reported)."""
 
-    def __init__(self, lookup: Awaitable[_T]) -> None:
-        self._task = asyncio.ensure_future(lookup)
+    def __init__(self, guessed: Allocation | None, lookup: Callable[[str], Awaitable[_T]]) -> None:
+        self._lookup = lookup
+        self._uid = guessed.pod_uid if guessed is not None else None
+        self._task = asyncio.ensure_future(lookup(self._uid)) if self._uid is not None else None
 
-    async def result(self) -> _T:
-        return await self._task
+    def __enter__(self) -> _Ahead[_T]:
+        return self
 
-    def drop(self) -> None:
-        if self._task.done():
-            if not self._task.cancelled():
-                self._task.exception()  # retrieved: an unwanted lookup's failure is no one's error
-        else:
-            self._task.cancel()
+    def __exit__(self, *_exc: object) -> None:
+        task = self._task
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled():
+            task.exception()  # retrieved: an unwanted lookup's failure is no one's error
+
+    async def for_pod(self, uid: str) -> _T:
+        if self._task is not None and uid == self._uid:
+            return await self._task
+        return await self._lookup(uid)
 
 
 class _Choice(NamedTuple):
@@ -728,6 +718,7 @@ class _KubeletView:
     def __init__(self, fetch: Callable[[], Awaitable[KubeletRecord | None]]) -> None:
         self._fetch = fetch
         self._task: asyncio.Task[KubeletRecord | None] | None = None
+        self.withdrawn = 0  # the request's grants this List did not confirm, released (``_confirmed``)
 
     def start(self) -> None:
         if self._task is None:
