@@ -67,28 +67,28 @@ def rebuilt_row(
     When no form gives ``carried``, that compact form is returned and the caller's chain check names the row."""
     args = (stored.seq, stored.recorded_at, stored.stream_id, stored.version, stored.event,
             bytes.fromhex(stored.event_id), stored.command_id)
-    kept = event_row(*args)  # compact, the response kept: readable without any settings
+
+    def forms(version: int, kept: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], ResponseSettings | None]]:
+        """The rows of body ``version``: named by each candidate settings that reproduce the response,
+        then ``kept`` (the response kept: readable without any settings)."""
+        return [(row, s) for s in candidates if (row := event_row(*args, s, version)) != kept] + [(kept, None)]
+
+    kept = event_row(*args)
     if kept[5] != COMPACT_V:
         return kept, None
-    compacted = [(row, s) for s in candidates if (row := event_row(*args, s)) != kept]  # settings that reproduce it
-    best = compacted[0] if compacted else (kept, None)
+    current = forms(COMPACT_V, kept)
     if carried is None:
-        return best
+        return current[0]
     # What an older gpuledger stored for the same event: body version 3 or 2 (with its settings, or the
     # response kept), or the whole event (schema 1).
-    older: list[tuple[tuple[Any, ...], ResponseSettings | None]] = []
-    kept_3 = event_row(*args, body_version=COMPACT_V3)
-    older += [(row, s) for s in candidates if (row := event_row(*args, s, COMPACT_V3)) != kept_3]
-    older.append((kept_3, None))
+    older = forms(COMPACT_V3, event_row(*args, body_version=COMPACT_V3))
     if kept[4] in COMPACT_V2_TYPES:
-        kept_2 = event_row(*args, body_version=COMPACT_V2)
-        older += [(row, s) for s in candidates if (row := event_row(*args, s, COMPACT_V2)) != kept_2]
-        older.append((kept_2, None))
+        older += forms(COMPACT_V2, event_row(*args, body_version=COMPACT_V2))
     legacy = (*args[:4], kept[4], type(stored.event).SCHEMA, *args[5:], encode_body(stored.event))
-    for row, settings in (*compacted, (kept, None), *older, (legacy, None)):
+    for row, settings in (*current, *older, (legacy, None)):
         if chain_hash(prev, row) == carried:
             return row, settings
-    return best
+    return current[0]
 
 
 def row_to_stored(row: Sequence[Any], source: MetaSource = None) -> StoredEvent:
