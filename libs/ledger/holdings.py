@@ -44,7 +44,7 @@ from libs.ledger.views import (
     view_of,
 )
 from libs.store.packed import hex_text, pack_uuid, uuid_text
-from libs.store.replay import last_seq_wanted, open_reader
+from libs.store.replay import by_seq, last_seq_wanted, open_reader
 from libs.store.rows import COLUMNS, row_to_stored
 
 __all__ = ["AuditFold", "AuditView", "GpuHolding", "Holding", "audit_replay", "grant_device_ids"]
@@ -230,16 +230,12 @@ def _source(g: GrantView) -> str:
 def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding], in_row: set[int]) -> None:
     """Each holder's event id, and its request id where the grant's body leaves it to the row
     (``in_row``: their seqs)."""
-    for start in range(0, len(holders), 500):
-        part = holders[start:start + 500]
-        marks = ",".join("?" * len(part))
-        ids = {seq: (event_id, command_id) for seq, event_id, command_id in conn.execute(
-            f"SELECT seq, event_id, command_id FROM events WHERE seq IN ({marks})", [h.granted_seq for h in part])}
-        for h in part:
-            event_id, command_id = ids[h.granted_seq]
-            h.event_id = event_id.hex()
-            if h.granted_seq in in_row:
-                h.request_id = command_id or ""
+    ids = by_seq(conn, "event_id, command_id", [h.granted_seq for h in holders])
+    for h in holders:
+        event_id, command_id = ids[h.granted_seq]
+        h.event_id = event_id.hex()
+        if h.granted_seq in in_row:
+            h.request_id = command_id or ""
 
 
 def grant_device_ids(conn: sqlite3.Connection, seq: int) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from libs.ledger.views import (
     request_id_in_row,
     view_tag,
 )
-from libs.store.replay import open_reader
+from libs.store.replay import by_seq, open_reader
 
 __all__ = ["NOT_IN_INVENTORY", "Entry", "gpu_history", "pod_history"]
 
@@ -58,19 +58,22 @@ class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
         return format_time(self.recorded_at)
 
 
-def _grant_entry(seq: int, at: int, g: GrantView, row: sqlite3.Connection | None = None) -> Entry:
-    """The entry of a grant; ``row``: the log to read its request id from, when the body leaves it to
-    the row's ``command_id`` (``request_id_in_row``)."""
+def _grant_entry(seq: int, at: int, g: GrantView) -> Entry:
     detail = f"imported from {g.source}" if isinstance(g, ImportView) else ""
     if isinstance(g, ClaimPreparedView):
         detail = f"DRA claim {g.claim_namespace}/{g.claim_name} uid {g.claim_uid}"
-    request_id = g.request_id
-    if row is not None:
-        request_id = row.execute("SELECT command_id FROM events WHERE seq = ?", (seq,)).fetchone()[0] or ""
     return Entry(seq=seq, recorded_at=at, type=view_tag(g),
                  pod_uid=g.pod_uid, namespace=g.namespace, pod_name=g.pod_name, container=g.container,
-                 alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=request_id,
+                 alloc_id=g.alloc_id, cores=g.cores, memory=g.memory, shares=g.shares, request_id=g.request_id,
                  detail=detail)
+
+
+def _fill_request_ids(conn: sqlite3.Connection, entries: list[Entry]) -> None:
+    """The request ids of grant entries whose bodies leave them to the row's ``command_id``
+    (``request_id_in_row``), read in one pass at the end."""
+    ids = by_seq(conn, "command_id", [e.seq for e in entries])
+    for e in entries:
+        e.request_id = ids[e.seq][0] or ""
 
 
 def _release_type(view: ReleaseView) -> str:
@@ -113,6 +116,7 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
 
     live: dict[str, tuple[str, str, int]] = {}  # alloc_id -> (namespace, pod_name, cores) of every live grant
     out: list[Entry] = []
+    in_row: list[Entry] = []  # grant entries whose request id is the row's command_id
     conn = open_reader(path)
     try:
         for seq, at, packed in iter_views(conn):
@@ -121,7 +125,9 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
                 live[view.alloc_id] = (view.namespace, view.pod_name, view.cores)
                 if named(view.pod_uid, view.namespace, view.pod_name):
                     uids.add(view.pod_uid)
-                    out.append(_grant_entry(seq, at, view, conn if request_id_in_row(packed) else None))
+                    out.append(entry := _grant_entry(seq, at, view))
+                    if request_id_in_row(packed):
+                        in_row.append(entry)
             elif isinstance(view, ReleaseView):
                 owner = live.pop(view.alloc_id, ("", "", 0))
                 if view.pod_uid in uids:
@@ -145,6 +151,7 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
                     if uid:
                         uids.add(uid)
                     out.append(_other_entry(view))
+        _fill_request_ids(conn, in_row)
     finally:
         conn.close()
     return out
@@ -158,6 +165,7 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
     """Every grant on the GPU (by index or UUID), its release, and inventory changes naming the GPU."""
     on_gpu: dict[str, GrantView] = {}
     out: list[Entry] = []
+    in_row: list[Entry] = []  # grant entries whose request id is the row's command_id
     conn = open_reader(path)
     try:
         for seq, at, packed in iter_views(conn):
@@ -166,9 +174,11 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                 mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
                 if mine:
                     on_gpu[view.alloc_id] = view
-                    entry = _grant_entry(seq, at, view, conn if request_id_in_row(packed) else None)
+                    entry = _grant_entry(seq, at, view)
                     entry.shares = mine
                     out.append(entry)
+                    if request_id_in_row(packed):
+                        in_row.append(entry)
             elif isinstance(view, ReleaseView):
                 g = on_gpu.pop(view.alloc_id, None)
                 if g is not None:
@@ -203,6 +213,7 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                 out.append(Entry(seq=seq, recorded_at=at, type="inventory.recorded", detail=detail))
             elif isinstance(view, StoredEvent) and _event_names_gpu(view.event, gpu):
                 out.append(_other_entry(view))
+        _fill_request_ids(conn, in_row)
     finally:
         conn.close()
     return out

@@ -30,8 +30,8 @@ from libs.store.archive import catalog, materialize
 from libs.store.layout import Layout, layout_of
 from libs.store.rows import COLUMNS, row_to_stored
 
-__all__ = ["iter_events", "iter_rows", "last_seq_wanted", "open_reader", "replay", "restore_hint", "seq_at_time",
-           "unreadable"]
+__all__ = ["by_seq", "iter_events", "iter_rows", "last_seq_wanted", "open_reader", "replay", "restore_hint",
+           "seq_at_time", "unreadable"]
 
 # Rows fetched per call. Measured on 1.1 KB events: 1,000 scans ~25% faster than 10,000 (the rows of
 # a chunk stay in the CPU caches); smaller gains nothing.
@@ -177,6 +177,16 @@ def iter_events(
 ) -> Iterator[StoredEvent]:
     for row in iter_rows(conn, COLUMNS, after_seq=after_seq, upto_seq=upto_seq):
         yield row_to_stored(row, conn)
+
+
+def by_seq(conn: sqlite3.Connection, columns: str, seqs: Sequence[int]) -> dict[int, tuple[Any, ...]]:
+    """``columns`` (of the ``events`` view) of the rows at ``seqs``, by seq: one query per 500."""
+    out: dict[int, tuple[Any, ...]] = {}
+    for start in range(0, len(seqs), 500):
+        part = seqs[start:start + 500]
+        sql = f"SELECT seq, {columns} FROM events WHERE seq IN ({','.join('?' * len(part))})"
+        out.update((row[0], row[1:]) for row in conn.execute(sql, part))
+    return out
 
 
 def last_seq_wanted(conn: sqlite3.Connection, upto_seq: int | None, upto_time: int | None) -> int | None:
