@@ -88,11 +88,10 @@ class Bus:
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc) or type(exc).__name__)
             quiet = wait is not None  # a service logs; a command (bounded wait) says the last in its BusError
-            if first_connect:  # back off between its attempts (nats-py reads this option per attempt)
-                if not quiet:
-                    _logger.warning("nats error", url=url, error=errors[-1])
-                nc.options["reconnect_time_wait"] = min(nc.options["reconnect_time_wait"] * 2, FIRST_CONNECT_MAX_WAIT_S)
-            elif outage.since is None:
+            if first_connect or outage.since is None:
+                if first_connect:  # back off between its attempts (nats-py reads this option per attempt)
+                    nc.options["reconnect_time_wait"] = min(nc.options["reconnect_time_wait"] * 2,
+                                                            FIRST_CONNECT_MAX_WAIT_S)
                 if not quiet:
                     _logger.warning("nats error", url=url, error=errors[-1])
             else:  # a failed reconnect attempt: one line per RECONNECT_LOG_EVERY_S
