@@ -324,6 +324,10 @@ class FleetNode:
     def name(self) -> str:
         return self.broker.node
 
+    async def stop(self) -> None:
+        await self.ledger.stop()
+        await self.broker.stop()
+
 
 async def start_fleet_node(hub: HubCluster, root: Path, node: str, *, through_proxy: bool = False,
                            model: str = "NVIDIA A100-SXM4-40GB") -> FleetNode:

@@ -49,8 +49,7 @@ async def test_three_nodes_reach_the_fleet_stream_exactly_once_in_order(hub: Hub
     finally:
         await bus.close()
         for n in nodes:
-            await n.ledger.stop()
-            await n.broker.stop()
+            await n.stop()
 
 
 async def _is(count: object, want: int) -> bool:
@@ -67,8 +66,7 @@ async def test_a_restarted_source_resumes_after_the_last_event_the_stream_holds(
     async with AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
         for n in nodes:
-            stack.push_async_callback(n.broker.stop)
-            stack.push_async_callback(n.ledger.stop)
+            stack.push_async_callback(n.stop)
         await ensure_fleet_stream(bus.js, [n.name for n in nodes])
 
         async def grants_arrive(rounds: int) -> None:

@@ -71,8 +71,7 @@ async def test_backlog_after_a_cut_link_and_a_killed_broker(hub: HubCluster, sho
     finally:
         await bus.close()
         for n in (cut, steady):
-            await n.ledger.stop()
-            await n.broker.stop()
+            await n.stop()
 
 
 @pytest.mark.parametrize("victim", ["stream-leader", "leaf-links"])
@@ -87,8 +86,7 @@ async def test_a_central_server_killed_loses_nothing_and_stalls_briefly(
     async with AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
         for n in nodes:
-            stack.push_async_callback(n.broker.stop)
-            stack.push_async_callback(n.ledger.stop)
+            stack.push_async_callback(n.stop)
         await eventually(lambda: len(hub.leaf_links()) == len(nodes), timeout=30, interval=0.2,
                          what="every leaf linked to the central cluster")
         await stack.enter_async_context(service(recorder_settings(hub, short_dir / "rec")))

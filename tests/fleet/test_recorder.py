@@ -69,8 +69,7 @@ async def check_fleet_at_t(hub: HubCluster, short_dir: Path, fleet_db: str) -> N
     async with AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
         for n in nodes:
-            stack.push_async_callback(n.broker.stop)
-            stack.push_async_callback(n.ledger.stop)
+            stack.push_async_callback(n.stop)
         await ensure_fleet_stream(bus.js, [n.name for n in nodes])
         svc = await stack.enter_async_context(service(settings, source_interval=0.5))
         for step in range(6):

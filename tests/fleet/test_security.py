@@ -104,8 +104,7 @@ async def test_the_recorder_refuses_an_event_for_another_node(hub: HubCluster, s
     async with AsyncExitStack() as stack:
         stack.push_async_callback(recorder.close)
         for n in (mallory, honest):
-            stack.push_async_callback(n.broker.stop)
-            stack.push_async_callback(n.ledger.stop)
+            stack.push_async_callback(n.stop)
         await ensure_fleet_stream(recorder.js, [mallory.name, honest.name])
         svc = await stack.enter_async_context(service(settings, source_interval=0.5))
         await mallory.ledger.grant()
@@ -197,8 +196,7 @@ async def test_a_nodes_broker_receives_no_other_nodes_sourced_events_or_replies(
     beta = await start_fleet_node(hub, short_dir / "b", "beta")
     async with AsyncExitStack() as stack:
         for n in (alpha, beta):
-            stack.push_async_callback(n.broker.stop)
-            stack.push_async_callback(n.ledger.stop)
+            stack.push_async_callback(n.stop)
         local = await Bus.connect(alpha.broker.url, name="listener", node="alpha", wait=10)
         stack.push_async_callback(local.close)
         seen: list[str] = []
