@@ -59,20 +59,27 @@ class AdmissionCleanup:
             self._done.add(pod.uid)
             _logger.info("pod failed admission; left in place (no controller owns it)", pod=pod.key)
             return False
+        self._done.add(pod.uid)  # now: a second call while this one retries does nothing
+        try:
+            await self._delete(pod)
+        except BaseException:
+            self._done.discard(pod.uid)  # a later event or reconciliation pass tries again
+            raise
+        self.deleted.append(pod.key)
+        _logger.info("deleted a pod that failed admission, so that its controller recreates it", pod=pod.key,
+                  reason=pod.status.reason or PRESTART_FAILED)
+        return True
+
+    async def _delete(self, pod: Pod) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RETRY_FOR
         while True:
             try:
                 await self.client.delete(KubePod, pod.metadata.name, namespace=pod.metadata.namespace)
-                break
+                return
             except ApiError as exc:
                 if exc.status.code == 404:
-                    break
+                    return
                 if exc.status.code not in (409, 429, 500, 503, 504) or loop.time() >= deadline:
                     raise
                 await asyncio.sleep(1.0)
-        self._done.add(pod.uid)
-        self.deleted.append(pod.key)
-        _logger.info("deleted a pod that failed admission, so that its controller recreates it", pod=pod.key,
-                  reason=pod.status.reason or PRESTART_FAILED)
-        return True

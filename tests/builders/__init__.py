@@ -31,14 +31,14 @@ def gpu_pod(name: str, *containers: tuple[str, int, int], namespace: str = "defa
 
 
 def settings_for(root: Path, nats_url: str, **overrides: Any) -> Settings:
-    return Settings(
+    fields: dict[str, Any] = dict(
         node_name=NODE, state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
         pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
         nats_url=nats_url, gpus="fake", allocate_timeout=5.0, request_timeout=3.0,
         cgroup_root=str(root / "cgroup"), proc_root=str(root / "proc"),
         driver_volumes=False,  # never mirror a GPU host's real driver into temp dirs (tests/vmanager/test_volumes.py)
-        **overrides,
     )
+    return Settings(**(fields | overrides))
 
 
 def pod_manifest(

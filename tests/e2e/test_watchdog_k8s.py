@@ -5,12 +5,19 @@ annotation repair and node labels."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
+import nats
+
+from libs.bus.server import NatsServer
+from libs.commands import PodChanged
 from libs.kube.pods import RESOURCE_VCORE
+from services.watchdog import app as watchdog_app
 from services.watchdog.labels import MANAGED_ANNOTATION, MODEL_LABEL
-from tests.builders import gpu_pod
-from tests.e2e.helpers import WatchdogNode
+from tests.builders import gpu_pod, settings_for
+from tests.e2e.helpers import WatchdogNode, base_node
 from tests.polling import eventually
 
 
@@ -140,3 +147,36 @@ async def test_the_first_reconciliation_retries_at_once_until_the_allocator_answ
         await eventually(lambda: watchdog.recycler.passes >= 1, timeout=10, interval=0.05,
                          what="the first reconciliation, well before the 60 s period")
         assert node.sim.node.render()["metadata"]["labels"][MODEL_LABEL] == "V100-SXM2-16GB"
+
+
+async def test_a_release_the_allocator_does_not_answer_holds_up_no_later_pod(
+    nats_server: NatsServer, short_dir: Path,
+) -> None:
+    """The watchdog announces the pods of its watch one after the other; a release it asks for is not
+    awaited in that loop. With an allocator that takes the release and never answers, the next pod's
+    notification still goes out at once, not after the request's 10 s timeout."""
+    settings = settings_for(short_dir, nats_server.url, request_timeout=10.0)
+    async with AsyncExitStack() as stack:
+        node = await base_node(stack, short_dir, nats_server.url, settings)  # no allocator, no device plugin
+        stuck = await nats.connect(nats_server.url)
+        stack.push_async_callback(stuck.close)
+        asked = await stuck.subscribe(node.bus.subjects.release)  # takes each release, answers none
+        loop = asyncio.get_running_loop()
+        added: dict[str, float] = {}
+
+        async def on_fact(change: PodChanged) -> None:
+            if change.kind == "ADDED":
+                added.setdefault(change.pod.metadata.name, loop.time())
+
+        await node.bus.subscribe(node.bus.subjects.pod_fact("*"), PodChanged, on_fact)
+        watchdog = await stack.enter_async_context(watchdog_app.service(settings, reconcile_period=60))
+        await asyncio.wait_for(watchdog.source.synced.wait(), 10)
+
+        gone = await node.run_pod(gpu_pod("gone", ("c", 50, 1)))  # (no device plugin: nothing allocated)
+        assert gone["status"]["phase"] == "Running"
+        await node.sim.delete_pod("default", "gone")
+        await asyncio.wait_for(asked.next_msg(timeout=10), 11)  # its release is asked for, and held
+        created = loop.time()
+        await node.sim.create_pod(gpu_pod("next", ("c", 50, 1)))
+        await eventually(lambda: "next" in added, timeout=9, interval=0.01, what="the next pod announced")
+        assert added["next"] - created < 3.0
