@@ -6,10 +6,14 @@ Three kinds of processes, none sharing an interpreter with another:
 - gpuledger: the embedded-style NATS server and the four services as separate processes, as
   ``gpuledger up`` runs them (log on disk, ``synchronous=FULL``);
 - the floor: the repo's bare echo device plugin (bench/echo_plugin.py), which answers Allocate at once
-  with a response of the same shape, registered with the same kubelet.
+  with a response of the same shape, registered with the same kubelet;
+- the durable floor, what the product's promise costs at least: the same echo plugin making one NATS
+  request first, answered by bench/echo_ledger.py after one fsync'd SQLite append (a bare plugin plus
+  one bus round trip and one durable append, the issue's "about 1.3x").
 
-Each phase runs the same request sequence against both: pods alternate (ours, echo, ours, ...), so
-whatever the machine does meanwhile falls on both. Phases: ``idle`` (nothing added), ``loaded``
+Each phase runs the same request sequence against all three: pods take turns (ours, echo, ours,
+durable echo, ours, ...), so whatever the machine does meanwhile falls on all; ours are timed twice
+as often as each floor. Phases: ``idle`` (nothing added), ``loaded``
 (one busy-looping process per CPU core, started by this benchmark). After each phase the registrar's
 and the allocator's ``/metrics`` are scraped and the per-hop histograms (registrar total, bus round
 trip, allocator decide, append+fsync, reply) are printed as the phase's difference.
@@ -55,6 +59,10 @@ def summary(name: str, seconds: list[float]) -> dict[str, float | str | int]:
     return {"name": name, "n": len(ms), "p50_ms": round(percentile(ms, 0.50), 3),
             "p99_ms": round(percentile(ms, 0.99), 3), "p999_ms": round(percentile(ms, 0.999), 3),
             "mean_ms": round(sum(ms) / len(ms), 3)}
+
+
+def ratios(row: dict[str, float | str | int], floor: dict[str, float | str | int]) -> dict[str, float]:
+    return {q: round(row[f"{q}_ms"] / floor[f"{q}_ms"], 2) for q in ("p50", "p99", "p999")}  # type: ignore[operator]
 
 
 # --- the per-hop histograms ---------------------------------------------------------------------
@@ -157,7 +165,7 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
     nats = NatsServer(workdir / "nats")
     base = free_base_port()
     launcher: Launcher | None = None
-    echo: asyncio.subprocess.Process | None = None
+    helpers: list[asyncio.subprocess.Process] = []  # the echo ledger and the two echo plugins
     results: dict[str, object] = {}
     try:
         if (await asyncio.wait_for(driver.stdout.readline(), 60)).strip() != b"ready":
@@ -169,15 +177,19 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
                             log_format="json", log_level=log_level, metrics_port=base, metrics_host="127.0.0.1")
         launcher = Launcher(settings, embedded_nats=False, log_dir=workdir / "logs")
         await launcher.start_services()
-        echo = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.echo_plugin", str(workdir / "dp"), stdout=subprocess.PIPE)
-        assert echo.stdout
-        if (await asyncio.wait_for(echo.stdout.readline(), 60)).strip() != b"ready":
-            raise RuntimeError("the echo plugin did not start")
+        for module, *args in (("bench.echo_ledger", str(workdir / "echo.db"), nats.url),
+                              ("bench.echo_plugin", str(workdir / "dp")),
+                              ("bench.echo_plugin", str(workdir / "dp"), "--bus", nats.url)):
+            helper = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args, stdout=subprocess.PIPE)
+            helpers.append(helper)
+            assert helper.stdout
+            if (await asyncio.wait_for(helper.stdout.readline(), 60)).strip() != b"ready":
+                raise RuntimeError(f"{module} {' '.join(args)} did not start")
         ports = [base + PORT_OFFSETS["registrar"], base + PORT_OFFSETS["allocator"]]
         await wait_for_metrics(ports, 60)
         for phase in phases:
-            print(f"phase {phase}: {pods} + {warmup} warm-up pod pairs", file=sys.stderr, flush=True)
+            print(f"phase {phase}: {pods} + {warmup} warm-up Allocates per floor, twice that of ours",
+                  file=sys.stderr, flush=True)
             burners = start_burners() if phase == "loaded" else []
             try:
                 before = await scrape_hops(ports)
@@ -192,13 +204,11 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
             times = json.loads(line)
             ours = summary("gpuledger (registrar -> NATS -> allocator -> fsync -> reply)", times["ours"])
             bare = summary("bare echo device plugin (floor)", times["bare"])
-            results[phase] = {
-                "rows": [ours, bare],
-                "ratio_p50": round(ours["p50_ms"] / bare["p50_ms"], 2),  # type: ignore[operator]
-                "ratio_p99": round(ours["p99_ms"] / bare["p99_ms"], 2),  # type: ignore[operator]
-                "ratio_p999": round(ours["p999_ms"] / bare["p999_ms"], 2),  # type: ignore[operator]
-                "hops": hop_rows(before, after),
-            }
+            durable = summary("echo plugin + one NATS round trip + one fsync'd append (durable floor)",
+                              times["durable"])
+            results[phase] = {"rows": [ours, bare, durable], "to_bare": ratios(ours, bare),
+                              "to_durable": ratios(ours, durable), "durable_to_bare": ratios(durable, bare),
+                              "hops": hop_rows(before, after)}
     finally:
         driver.stdin.close()
         with contextlib.suppress(TimeoutError):
@@ -206,9 +216,9 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
         if driver.returncode is None:
             driver.kill()
             await driver.wait()
-        if echo is not None:
-            echo.terminate()
-            await asyncio.wait_for(echo.wait(), 5)
+        for helper in helpers:
+            helper.terminate()
+            await asyncio.wait_for(helper.wait(), 5)
         if launcher is not None:
             await launcher.stop()
         await nats.stop()
@@ -225,8 +235,11 @@ def report(results: dict[str, object]) -> None:
         for row in res["rows"]:
             print(f"| {row['name']} | {row['n']} | {row['p50_ms']} | {row['p99_ms']} | {row['p999_ms']} "
                   f"| {row['mean_ms']} |")
-        print(f"\nratio to the bare plugin: p50 {res['ratio_p50']}x, p99 {res['ratio_p99']}x, "
-              f"p99.9 {res['ratio_p999']}x")
+        for label, key in (("gpuledger to the bare plugin", "to_bare"),
+                           ("gpuledger to the durable floor", "to_durable"),
+                           ("the durable floor to the bare plugin", "durable_to_bare")):
+            r = res[key]
+            print(f"{label}: p50 {r['p50']}x, p99 {r['p99']}x, p99.9 {r['p999']}x")
         print("\n| hop (from /metrics) | n | mean ms | p50 <= ms | p99 <= ms |\n|---|---:|---:|---:|---:|")
         for h in res["hops"]:
             print(f"| {h['hop']} | {h['n']} | {h['mean_ms']} | {h['p50_le_ms']} | {h['p99_le_ms']} |")
@@ -235,7 +248,8 @@ def report(results: dict[str, object]) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pods", type=int, default=2000, help="measured Allocates per plugin and phase")
+    parser.add_argument("--pods", type=int, default=2000,
+                        help="measured Allocates per floor and phase (twice as many of ours)")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--load", choices=("both", "idle", "loaded"), default="both",
                         help="idle: nothing added; loaded: one busy process per core; both: idle, then loaded")

@@ -6,23 +6,33 @@ env vars, two mounts, three annotations), without NATS, placement, pod lookup or
 request it go through exactly the same kubelet admission path, so the difference between its
 Allocate time and gpuledger's is what gpuledger itself costs.
 
-    python -m bench.echo_plugin DEVICE_PLUGIN_DIR   (prints "ready" once registered)
+With ``--bus NATS_URL`` it is the second floor, the one the product's promise sets: the same plugin
+under the resource ``bench.gpuledger.io/echo-durable``, whose Allocate first makes one NATS request
+to bench/echo_ledger.py (one fsync'd SQLite append, then the reply) and only then answers: a bare
+plugin plus one bus round trip and one durable append, nothing else.
+
+    python -m bench.echo_plugin DEVICE_PLUGIN_DIR [--bus NATS_URL]   (prints "ready" once registered)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import nats
+from nats.aio.client import Client
 
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 RESOURCE = "bench.gpuledger.io/echo"
 SOCKET = "bench-echo.sock"
+DURABLE_RESOURCE = "bench.gpuledger.io/echo-durable"
+DURABLE_SOCKET = "bench-echo-durable.sock"
+APPEND_SUBJECT = "bench.echo.append"  # bench/echo_ledger.py answers it
 
 _RESPONSE = pb.ContainerAllocateResponse(
     envs={"LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "NVIDIA_VISIBLE_DEVICES": "GPU-0"},
@@ -36,6 +46,9 @@ _RESPONSE = pb.ContainerAllocateResponse(
 
 
 class EchoPlugin(pb_grpc.DevicePluginServicer):
+    def __init__(self, bus: Client | None = None) -> None:
+        self.bus = bus  # None: answer at once; else after one request to the echo ledger
+
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
     ) -> pb.DevicePluginOptions:
@@ -47,21 +60,30 @@ class EchoPlugin(pb_grpc.DevicePluginServicer):
         await asyncio.Event().wait()  # the stream stays open, as a plugin's does
 
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
+        if self.bus is not None:
+            ids = ",".join(d for c in request.container_requests for d in c.devices_ids)
+            await self.bus.request(APPEND_SUBJECT, ids.encode(), timeout=10)
         return pb.AllocateResponse(container_responses=[_RESPONSE for _ in request.container_requests])
 
 
-async def main(directory: Path) -> None:
+async def main(directory: Path, bus_url: str | None) -> None:
+    bus = await nats.connect(bus_url) if bus_url else None
+    resource, socket = (DURABLE_RESOURCE, DURABLE_SOCKET) if bus else (RESOURCE, SOCKET)
     server = grpc.aio.server()
-    pb_grpc.add_DevicePluginServicer_to_server(EchoPlugin(), server)
-    (directory / SOCKET).unlink(missing_ok=True)
-    server.add_insecure_port(f"unix://{directory / SOCKET}")
+    pb_grpc.add_DevicePluginServicer_to_server(EchoPlugin(bus), server)
+    (directory / socket).unlink(missing_ok=True)
+    server.add_insecure_port(f"unix://{directory / socket}")
     await server.start()
     async with grpc.aio.insecure_channel(f"unix://{directory / 'kubelet.sock'}") as ch:
         await pb_grpc.RegistrationStub(ch).Register(
-            pb.RegisterRequest(version="v1beta1", endpoint=SOCKET, resource_name=RESOURCE), timeout=10)
+            pb.RegisterRequest(version="v1beta1", endpoint=socket, resource_name=resource), timeout=10)
     print("ready", flush=True)
     await server.wait_for_termination()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1])))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--bus", default=None, help="NATS URL: be the durable floor (see the module's text)")
+    args = parser.parse_args()
+    asyncio.run(main(args.directory, args.bus))

@@ -4,13 +4,15 @@ The benchmark process must not share an interpreter (event loop, GIL, gRPC clien
 measures from, so the simulated node (API server + kubelet device manager) runs here, alone, and
 the Allocate times are those its own gRPC client sees: from the call to the reply, as the kubelet's
 admission issues Allocate after Allocate. Pods are created, admitted and deleted one at a time,
-alternating between a pod asking for gpuledger's ``tencent.com/vcuda-core`` and a pod asking for
-the bare echo plugin's resource, so both see the same request sequence under the same conditions.
+in pairs: a pod asking for gpuledger's ``tencent.com/vcuda-core``, then one asking for a floor's
+resource, the bare echo plugin's and the durable echo plugin's (a bus round trip and an fsync'd
+append before it answers) in turn. So all see the same request sequence under the same conditions,
+and each of our Allocates follows one floor pod, as when the bare plugin was the only floor.
 
 Protocol (line-based, for bench/allocate_rtt.py): prints ``ready`` once the simulator serves
 (kubeconfig written, kubelet.sock listening); then for each stdin line ``{"pods": N, "warmup": W}``
-it runs W+N pairs and prints one JSON line ``{"ours": [seconds...], "bare": [seconds...]}`` (the
-warm-up pairs left out). It stops at end of input.
+it runs 2(W+N) pairs and prints one JSON line ``{"ours": [seconds...], "bare": [...], "durable": [...]}``
+(the warm-up pairs left out): N times of each floor, 2N of ours. It stops at end of input.
 
     python -m bench.kubelet_driver WORKDIR NODE_NAME
 """
@@ -22,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from bench.echo_plugin import DURABLE_RESOURCE
 from bench.echo_plugin import RESOURCE as ECHO_RESOURCE
 from libs.kube.pods import RESOURCE_VCORE
 from libs.logger import configure_logging
@@ -36,9 +39,9 @@ def vcore_pod(i: int) -> dict:
                 "tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"}}}]}}
 
 
-def echo_pod(i: int) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"echo-{i}", "namespace": NAMESPACE},
-            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {ECHO_RESOURCE: "1"}}}]}}
+def echo_pod(i: int, resource: str = ECHO_RESOURCE, prefix: str = "echo") -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-{i}", "namespace": NAMESPACE},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {resource: "1"}}}]}}
 
 
 async def run_pod(sim: NodeSimulator, manifest: dict) -> None:
@@ -51,19 +54,22 @@ async def run_pod(sim: NodeSimulator, manifest: dict) -> None:
 
 
 async def run_phase(sim: NodeSimulator, first: int, pods: int, warmup: int) -> dict[str, list[float]]:
-    """W+N pairs (ours, then the echo plugin's); the Allocate times of the last N of each."""
+    """2(W+N) pairs (ours, then a floor's: the echo plugin's and the durable echo plugin's in turn);
+    the Allocate times after the warm-up: N of each floor, 2N of ours."""
     mark = len(sim.calls)
-    for i in range(first, first + warmup + pods):
+    total = 2 * (warmup + pods)
+    for n, i in enumerate(range(first, first + total), 1):
         await run_pod(sim, vcore_pod(i))
-        await run_pod(sim, echo_pod(i))
-        if (i - first + 1) % 250 == 0:
-            print(f"  {i - first + 1}/{warmup + pods} pod pairs", file=sys.stderr, flush=True)
+        await run_pod(sim, echo_pod(i) if n % 2 else echo_pod(i, DURABLE_RESOURCE, "durable"))
+        if n % 500 == 0:
+            print(f"  {n}/{total} pod pairs", file=sys.stderr, flush=True)
 
-    def times(resource: str) -> list[float]:
+    def times(resource: str, skip: int) -> list[float]:
         calls = [c for c in sim.calls[mark:] if c.method == "Allocate" and c.resource == resource and c.ok]
-        return [c.end - c.start for c in calls][warmup:]  # type: ignore[operator]
+        return [c.end - c.start for c in calls][skip:]  # type: ignore[operator]
 
-    return {"ours": times(RESOURCE_VCORE), "bare": times(ECHO_RESOURCE)}
+    return {"ours": times(RESOURCE_VCORE, 2 * warmup), "bare": times(ECHO_RESOURCE, warmup),
+            "durable": times(DURABLE_RESOURCE, warmup)}
 
 
 async def main(workdir: Path, node: str) -> None:
@@ -80,8 +86,9 @@ async def main(workdir: Path, node: str) -> None:
             order = json.loads(line)
             await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
             await sim.wait_for_resource(ECHO_RESOURCE, 1000, timeout=60)
+            await sim.wait_for_resource(DURABLE_RESOURCE, 1000, timeout=60)
             result = await run_phase(sim, first, order["pods"], order["warmup"])
-            first += order["pods"] + order["warmup"]
+            first += 2 * (order["pods"] + order["warmup"])
             print(json.dumps(result), flush=True)
     finally:
         await sim.stop()
