@@ -153,8 +153,8 @@ class PeerGate:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, _gid = _peercred(writer.get_extra_info("socket"))
-        caller = await asyncio.to_thread(check_caller, self.proc_root, self.pod_uid, pid, uid,
-                                         any_pod=self.admit is not None)
+        # On the loop: one small procfs read (memory, never the disk), cheaper than a thread hand-off.
+        caller = check_caller(self.proc_root, self.pod_uid, pid, uid, any_pod=self.admit is not None)
         if self.admit is not None and caller.refusal is None:
             refusal = await self.admit(caller.pod_uid)
             if refusal:

@@ -129,20 +129,11 @@ class VDeviceRegistrations:
             data = encode(config_for(alloc, container_name=name, driver_version=driver))
         except ValueError as exc:
             raise RegisterError(grpc.StatusCode.INTERNAL, f"cannot encode vcuda.config: {exc}") from exc
-        files = {}
-        pids = await asyncio.to_thread(self._pids, caller, container_id, ref.qos_class)
-        if pids:
-            files[PIDS_NAME] = encode_pids(pids)
-        elif req.container_id:
-            raise RegisterError(grpc.StatusCode.FAILED_PRECONDITION, (
-                f"no processes found for container {container_id} of pod {pod_uid} under "
-                f"{self.cgroup_root} (cgroup v1/v2, cgroupfs/systemd, docker/containerd/CRI-O layouts tried)"))
-        else:  # legacy name variant: that library reads /etc/vcuda//pids.config, which nobody writes
-            _logger.warning("pids.config not written: the caller's container is unknown",
-                         pod_uid=pod_uid, container=name)
-        files[CONFIG_NAME] = data
         try:
-            written = await asyncio.to_thread(write_container_files, pod_dir, entry, files)
+            # One trip to a worker thread for both (the cgroup read and the two small writes): each
+            # hand-off costs the registering container a loop turn or two on a busy node.
+            written, pids = await asyncio.to_thread(self._write_files, caller, container_id, ref.qos_class,
+                                                    pod_dir, entry, data, strict=bool(req.container_id))
         except ValueError as exc:
             raise _invalid(str(exc)) from exc
         except FileNotFoundError as exc:
@@ -151,7 +142,25 @@ class VDeviceRegistrations:
         except OSError as exc:
             message = f"cannot write vcuda.config for {entry}: {exc}"
             raise RegisterError(grpc.StatusCode.INTERNAL, message) from exc
-        return Bound(entry, name, written[CONFIG_NAME], len(pids), ref.via)
+        return Bound(entry, name, written[CONFIG_NAME], pids, ref.via)
+
+    def _write_files(self, caller: Caller, container_id: str | None, qos: str, pod_dir: Path, entry: str,
+                     config: bytes, *, strict: bool) -> tuple[dict[str, bool], int]:
+        """pids.config (when the container's cgroup is found) then vcuda.config; what changed, and how
+        many pids. ``strict`` (the caller named its container id): no pids is an error."""
+        files = {}
+        pids = self._pids(caller, container_id, qos)
+        if pids:
+            files[PIDS_NAME] = encode_pids(pids)
+        elif strict:
+            raise RegisterError(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"no processes found for container {container_id} of pod {caller.pod_uid} under "
+                f"{self.cgroup_root} (cgroup v1/v2, cgroupfs/systemd, docker/containerd/CRI-O layouts tried)"))
+        else:  # legacy name variant: that library reads /etc/vcuda//pids.config, which nobody writes
+            _logger.warning("pids.config not written: the caller's container is unknown",
+                         pod_uid=caller.pod_uid, container=entry)
+        files[CONFIG_NAME] = config
+        return write_container_files(pod_dir, entry, files), len(pids)
 
     def _pids(self, caller: Caller, container_id: str | None, qos: str) -> list[int]:
         if container_id is None:
