@@ -131,20 +131,22 @@ def writer_lock(path: Path) -> int:
 
 
 class EventLog:
-    def __init__(self, path: Path, response_settings: ResponseSettings | None = None) -> None:
+    def __init__(self, path: Path, response_settings: ResponseSettings | None = None, *, inline: bool = False) -> None:
         self.path = path
         self._lock_fd: int | None = None
         self._listeners: list[Callable[[int], None]] = []
         self._event_listeners: list[Callable[[list[StoredEvent]], None]] = []
-        self._writer = LogWriter(path, on_commit=self._committed, response_settings=response_settings)
+        self._writer = LogWriter(path, on_commit=self._committed, response_settings=response_settings, inline=inline)
         self.queries = LogQueries(path)
 
     @classmethod
-    async def open(cls, path: str | Path, *, response_settings: ResponseSettings | None = None) -> EventLog:
+    async def open(cls, path: str | Path, *, response_settings: ResponseSettings | None = None,
+                   inline: bool = False) -> EventLog:
         """``response_settings``: what the responses of the grants appended are built with (their
-        stored form omits a response these settings reproduce; without them every response is kept)."""
+        stored form omits a response these settings reproduce; without them every response is kept).
+        ``inline``: commit on the caller's event loop instead of a writer thread (libs/store/writer.py)."""
         path = Path(path)
-        event_log = cls(path, response_settings)
+        event_log = cls(path, response_settings, inline=inline)
         event_log._lock_fd = writer_lock(path)  # first: a second writer, a read-only dir, are refused in one line
         try:
             await asyncio.to_thread(create_schema, path)

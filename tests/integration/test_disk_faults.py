@@ -76,10 +76,11 @@ def rows(path: Path) -> int:
     return verify_log(path).events
 
 
-async def test_a_full_disk_fails_the_append_whole_and_the_next_one_works(short_dir: Path) -> None:
+@pytest.mark.parametrize("inline", [False, True], ids=["writer-thread", "inline"])
+async def test_a_full_disk_fails_the_append_whole_and_the_next_one_works(short_dir: Path, inline: bool) -> None:
     with tmpfs(short_dir / "state", "1m") as state:
         path = state / "ledger.sqlite"
-        event_log = await EventLog.open(path)
+        event_log = await EventLog.open(path, inline=inline)
         try:
             for i in range(5):
                 await event_log.append([ev(i)])

@@ -23,9 +23,10 @@ def released(i: int, pod: str = "p") -> AllocationReleased:
     return AllocationReleased(alloc_id=f"a{i}", pod_uid=pod, container="c", reason="deleted")
 
 
-@pytest.fixture
-async def event_log(tmp_path: Path):  # type: ignore[no-untyped-def]
-    opened = await EventLog.open(tmp_path / "ledger.sqlite")
+@pytest.fixture(params=[False, True], ids=["writer-thread", "inline"])
+async def event_log(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Both ways to commit (libs/store/writer.py): every property below holds for each."""
+    opened = await EventLog.open(tmp_path / "ledger.sqlite", inline=request.param)
     yield opened
     await opened.close()
 
