@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import itertools
 from collections import deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,9 +97,18 @@ async def ensure_stream(bus: Bus) -> api.StreamInfo:
     return info
 
 
+HOLD_AT_MOST_S = 0.05  # how long one publication round waits for its owner's replies (Relay ``replies_out``)
+
+
 class Relay:
-    def __init__(self, bus: Bus, event_log: EventLog, *, poll_interval: float = 0.25, window: int = 64) -> None:
+    def __init__(self, bus: Bus, event_log: EventLog, *, poll_interval: float = 0.25, window: int = 64,
+                 replies_out: Callable[[], Awaitable[None]] | None = None) -> None:
+        """``replies_out``: awaited (for at most HOLD_AT_MOST_S) before each publication round, until
+        the owner's requests in flight are answered: what a commit's own waiter does next (an
+        Allocate waits for the kubelet's List after its append, then replies) then does not share
+        the node's CPUs with the subscribers this publication wakes."""
         self.bus = bus
+        self._replies_out = replies_out
         self.event_log = event_log
         self.poll_interval = poll_interval
         self.window = window
@@ -139,9 +149,7 @@ class Relay:
                 async with asyncio.timeout(self.poll_interval):
                     await self._wake.wait()
             self._wake.clear()
-            # One loop turn first: what the commit's own waiter sends (an Allocate's reply) is then
-            # written before these events' publication.
-            await asyncio.sleep(0)
+            await self._after_replies()
             raise_if_cancelling(None)  # a stop that a NATS call below lost must still end the relay
             try:
                 await self._publish_pending()
@@ -156,6 +164,15 @@ class Relay:
                 backoff = min(backoff * 2, 5.0)
                 with contextlib.suppress(nats.errors.Error, APIError, OSError, _Resync):
                     await self._resync()
+
+    async def _after_replies(self) -> None:
+        """The owner's requests in flight answered (bounded), then one loop turn: what the commit's own
+        waiter sends (an Allocate's reply) is written before these events' publication."""
+        if self._replies_out is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HOLD_AT_MOST_S):
+                    await self._replies_out()
+        await asyncio.sleep(0)
 
     async def _resync(self) -> None:
         stream = self.bus.subjects.stream

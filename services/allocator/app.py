@@ -64,7 +64,9 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         extra_devices = default_devices(settings.extra_config)  # a bad file stops the start, first
         recorded = ResponseSettings.of(settings.vm_root, settings.vdriver_root, extra_devices,
                                        HamiDelivery.from_settings(settings))
-        events = await EventLog.open(settings.log_path, response_settings=recorded)
+        # Inline commits: every append goes through the ledger's lock, so a writer thread would never
+        # group two of them, only add two hand-offs to each (libs/store/writer.py).
+        events = await EventLog.open(settings.log_path, response_settings=recorded, inline=True)
         stack.push_async_callback(events.close)
         await asyncio.to_thread(finish_archive, settings.log_path)  # a stop mid-archive: finish it first
         restored = await asyncio.to_thread(load_state, settings.log_path)  # snapshot + the log's tail
@@ -98,7 +100,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
         handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,
                              pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics)
-        relay = Relay(bus, events)
+        relay = Relay(bus, events, replies_out=handlers.replies_out)
         supervisor.spawn(relay.run(), "relay")
         checkpointer = open_checkpointer(settings, bus, events)  # signed checkpoints for the outside witness
         if checkpointer is not None:

@@ -14,6 +14,11 @@
   unlike gpu-manager, the kubelet's Allocate does not wait for them (the grant is already durable
   in the log, and the annotations are derived from it). When a correction leaves a pod holding
   nothing, the keys written for it are removed again.
+  The Allocate-time write (``gpu-assigned=false``) waits ``ALLOCATE_WRITE_DELAY_S``: the kubelet is
+  still admitting the pod then, and its PreStartContainer, when it comes within that time (a pod whose
+  image is present), makes the two writes one (``gpu-assigned=true``). A pod patched once instead of
+  twice is one watch event less for every agent watching the node's pods; the extender learns of a
+  slow-starting pod's GPU at most that much later.
 - ``tencent.com/vcuda-core-limit`` (a soft utilisation cap, clamped to 0..100) is recorded with
   the grant and becomes the vcuda.config limit.
 """
@@ -50,6 +55,7 @@ __all__ = [
 
 PREDICATE_CHECK_ERROR = "PreStartContainerCheckErr"
 _PATCH_RETRY_FOR = 10.0
+ALLOCATE_WRITE_DELAY_S = 1.0  # how long an Allocate-time write waits for the pod's PreStart (see above)
 _logger = get_logger("allocator")
 
 
@@ -112,10 +118,25 @@ class AnnotationWriter:
         self.queue: asyncio.Queue[tuple[str, str, str, bool]] = asyncio.Queue()
         self.written = 0
         self._keys: dict[str, set[str]] = {}  # pod uid -> the annotation keys this process wrote there
+        self.defer_for = ALLOCATE_WRITE_DELAY_S
+        self._deferred: dict[str, asyncio.TimerHandle] = {}  # pod uid -> its write waiting for a later word
 
-    def publish(self, namespace: str, name: str, pod_uid: str, *, assigned: bool) -> None:
-        if self.client is not None:
-            self.queue.put_nowait((namespace, name, pod_uid, assigned))
+    def publish(self, namespace: str, name: str, pod_uid: str, *, assigned: bool, defer: bool = False) -> None:
+        """Write the pod's annotations as the ledger holds them when the write runs; ``defer``: not
+        before ``defer_for`` seconds, and a later ``publish`` for the same pod replaces this one."""
+        if self.client is None:
+            return
+        if (waiting := self._deferred.pop(pod_uid, None)) is not None:
+            waiting.cancel()
+        item = (namespace, name, pod_uid, assigned)
+        if defer:
+            self._deferred[pod_uid] = asyncio.get_running_loop().call_later(self.defer_for, self._due, item)
+        else:
+            self.queue.put_nowait(item)
+
+    def _due(self, item: tuple[str, str, str, bool]) -> None:
+        self._deferred.pop(item[2], None)
+        self.queue.put_nowait(item)
 
     async def run(self) -> None:
         while True:

@@ -97,6 +97,9 @@ class Allocator:
         self.hami = HamiDelivery.from_settings(settings)
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
         self._marks: dict[str, tuple[float, float, float, float]] = {}
+        self._allocating = 0  # Allocates being handled (see replies_out)
+        self._answered = asyncio.Event()
+        self._answered.set()
 
     @property
     def state(self) -> LedgerState:
@@ -111,16 +114,27 @@ class Allocator:
         await self.bus.serve(s.inventory, InventoryRequest, self.inventory)
         await self.bus.serve(s.state, StateRequest, self.snapshot)
 
+    async def replies_out(self) -> None:
+        """Until no Allocate is being handled: each handler's reply is handed to the connection as it
+        returns, before anything else runs. The relay publishes committed events after that (outbox.py)."""
+        await self._answered.wait()
+
     # --- Allocate ---
     async def _observed_allocate(self, req: AllocateRequest) -> AllocateReply:
         """`allocate`, its time from receipt to answer (a refusal's record included) told to the observer."""
         started = time.perf_counter()
+        self._allocating += 1
+        self._answered.clear()
         try:
             reply = await self.allocate(req)
         except BaseException as exc:
             self._marks.pop(req.request_id, None)
             self.observer.allocate_done(time.perf_counter() - started, exc)
             raise
+        finally:
+            self._allocating -= 1
+            if not self._allocating:
+                self._answered.set()
         self.observer.allocate_done(time.perf_counter() - started, None)
         return reply
 
@@ -169,21 +183,15 @@ class Allocator:
         started = time.perf_counter()
         # The kubelet's pod-resources List tells which pods it has taken up: it admits one pod at a
         # time, so only a pod it knows and has not given devices to yet can be the one asking. Asked
-        # once per request (the kubelet rate-limits that API), at once: it runs while we match.
-        view = _KubeletView(self._kubelet_view)
+        # once per request (the kubelet rate-limits that API), at once: it runs while we match and
+        # append. One loop turn lets the call's task send it before the inline append blocks the loop.
+        view = _KubeletView(self.kubelet)
         view.start()
+        await asyncio.sleep(0)
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
         finally:
             view.cancel()
-
-    async def _kubelet_view(self) -> KubeletRecord | None:
-        if self.kubelet is None:
-            return None
-        try:
-            return await self.kubelet.list()
-        except PodResourcesUnavailable:
-            return None  # (verify_identity warns about it) the guess alone then
 
     async def _pick(
         self, pods: list[Pod], cores: int, view: _KubeletView, *, last_resort: bool = False,
@@ -388,8 +396,10 @@ class Allocator:
                   append_ms=round((appended - appending) * 1000, 2), confirm_ms=round((done - appended) * 1000, 2),
                   **timing, total_ms=round((done - started) * 1000, 2))
         if not is_predicated(pod):
-            # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply).
-            self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False)
+            # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply; one
+            # write with the PreStart's when that comes soon: extender.py).
+            self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False,
+                                     defer=True)
         return _reply(granted)
 
     async def _confirmed(self, granted: Allocation, pod: Pod, view: _KubeletView) -> bool:
@@ -712,31 +722,39 @@ class _Choice(NamedTuple):
 
 
 class _KubeletView:
-    """The kubelet's pod-resources List for one Allocate: started at receipt (or on the first
-    ``get``), shared after."""
+    """The kubelet's pod-resources List for one Allocate: sent at receipt (or on the first ``get``),
+    shared after. Its answer is None when pod-resources is not available (verify_identity warns about
+    it): the guess alone then."""
 
-    def __init__(self, fetch: Callable[[], Awaitable[KubeletRecord | None]]) -> None:
-        self._fetch = fetch
-        self._task: asyncio.Task[KubeletRecord | None] | None = None
+    def __init__(self, kubelet: KubeletPodResources | None) -> None:
+        self._kubelet = kubelet
+        self._list: asyncio.Future[KubeletRecord] | None = None
         self.withdrawn = 0  # the request's grants this List did not confirm, released (``_confirmed``)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._fetch())
+        if self._list is None and self._kubelet is not None:
+            self._list = self._kubelet.begin_list()
 
     @property
     def answered(self) -> bool:
         """The List is over (answered, or failed: ``get`` then returns at once)."""
-        return self._task is not None and self._task.done()
+        return self._kubelet is None or (self._list is not None and self._list.done())
 
     async def get(self, timeout: float) -> KubeletRecord | None:
         """The record, or None when the kubelet did not answer within ``timeout``."""
         self.start()
-        assert self._task is not None
-        if not self._task.done():
-            await asyncio.wait({self._task}, timeout=timeout)
-        return self._task.result() if self._task.done() and not self._task.cancelled() else None
+        if self._list is None:
+            return None
+        if not self._list.done():
+            await asyncio.wait({self._list}, timeout=timeout)
+        if not self._list.done() or self._list.cancelled() or self._list.exception() is not None:
+            return None
+        return self._list.result()
 
     def cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        if self._list is None:
+            return
+        if not self._list.done():
+            self._list.cancel()
+        elif not self._list.cancelled():
+            self._list.exception()  # retrieved: an unused List's failure is no one's error

@@ -5,10 +5,14 @@
 container that hold each device ID: the truth the guess is checked against. Every call is bounded;
 an absent socket (a kubelet older than 1.15, or a node where it is not mounted) is reported as
 unavailable, and callers then keep the guess, as gpu-manager would.
+
+A rate-limited List (RESOURCE_EXHAUSTED: the kubelet allows 100 a second, 10 at once) or a late one
+keeps the channel; only UNAVAILABLE (the kubelet restarting) dials afresh.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -96,27 +100,38 @@ class KubeletPodResources:
         self.socket = socket
         self.timeout = timeout
         self._channel: grpc.aio.Channel | None = None
+        self._stub: pr_grpc.PodResourcesListerStub | None = None
 
-    def _stub(self) -> pr_grpc.PodResourcesListerStub:
+    def begin_list(self) -> asyncio.Future[KubeletRecord]:
+        """A List, started now: the future gets the record, or fails with PodResourcesUnavailable;
+        cancelling it cancels the call. The request leaves in the call's own task, which the loop
+        runs next: a caller about to block the loop (an inline append) yields once first."""
         if not Path(self.socket).exists():
-            raise PodResourcesUnavailable(f"no pod-resources socket at {self.socket}")
-        if self._channel is None:
+            failed: asyncio.Future[KubeletRecord] = asyncio.get_running_loop().create_future()
+            failed.set_exception(PodResourcesUnavailable(f"no pod-resources socket at {self.socket}"))
+            return failed
+        if self._stub is None:
             self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
-        return pr_grpc.PodResourcesListerStub(self._channel)
+            self._stub = pr_grpc.PodResourcesListerStub(self._channel)
+        call = self._stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
+        return asyncio.ensure_future(self._answer(call))
 
-    async def list(self) -> KubeletRecord:
-        stub = self._stub()
+    async def _answer(self, call: grpc.aio.UnaryUnaryCall) -> KubeletRecord:  # type: ignore[type-arg]
         try:
-            listing = await stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
+            listing = await call
         except grpc.aio.AioRpcError as exc:
-            await self._reset()  # the kubelet may have restarted: dial afresh next time
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                await self._reset()  # the kubelet may have restarted: dial afresh next time
             raise PodResourcesUnavailable(
                 f"pod-resources List on {self.socket} failed: {exc.code().name} {exc.details()}") from exc
         return record(listing)
 
+    async def list(self) -> KubeletRecord:
+        return await self.begin_list()
+
     async def _reset(self) -> None:
         if self._channel is not None:
-            channel, self._channel = self._channel, None
+            channel, self._channel, self._stub = self._channel, None, None
             await channel.close()
 
     async def close(self) -> None:

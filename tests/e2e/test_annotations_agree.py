@@ -74,3 +74,36 @@ async def test_a_running_pods_annotations_are_stable_and_repaired_to_the_allocat
     assert pod_patches(wnode, "stable") == before + 1
     await wnode.passes(2)
     assert pod_patches(wnode, "stable") == before + 1
+
+
+async def test_a_pod_started_soon_after_its_allocate_is_patched_once(wnode: WatchdogNode) -> None:
+    """The Allocate-time write (gpu-assigned=false) waits for the pod's PreStart, which comes first
+    here: one PATCH with gpu-assigned=true, and the superseded write never lands afterwards."""
+    writer = wnode.services["allocator"].handlers.annotations
+    writer.defer_for = 0.3
+    pod = await wnode.run_pod(gpu_pod("quick", ("c", 20, 1)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    await wnode.sim.wait_for_pod(
+        "default", "quick", lambda p: p["metadata"].get("annotations", {}).get(ASSIGNED) == "true", 15)
+    await asyncio.sleep(writer.defer_for + 0.2)  # past the deferred write's time
+    await asyncio.wait_for(writer.queue.join(), 15)
+    assert pod_patches(wnode, "quick") == 1
+    settled = wnode.sim.get_pod("default", "quick")
+    assert settled is not None and settled["metadata"]["annotations"][ASSIGNED] == "true"
+
+
+async def test_an_allocate_time_write_lands_after_its_delay_when_no_prestart_replaces_it(
+        wnode: WatchdogNode) -> None:
+    writer = wnode.services["allocator"].handlers.annotations
+    pod = await wnode.run_pod(gpu_pod("slow", ("c", 20, 1)))
+    await asyncio.wait_for(writer.queue.join(), 15)
+    wnode.sim.store.update("default", "slow", lambda p: p["metadata"]["annotations"].clear())
+    writer.defer_for = 0.3
+    writer.publish("default", "slow", pod["metadata"]["uid"], assigned=False, defer=True)
+    await asyncio.sleep(0.1)
+    early = wnode.sim.get_pod("default", "slow")
+    assert early is not None and ASSIGNED not in early["metadata"]["annotations"]  # not yet
+    late = await wnode.sim.wait_for_pod(
+        "default", "slow", lambda p: p["metadata"].get("annotations", {}).get(ASSIGNED) == "false", 5)
+    held = [a for a in (await wnode.snapshot()).allocations if a.pod_name == "slow"]
+    assert ours(late["metadata"]["annotations"]) == ready_annotations(held, assigned=False)

@@ -212,3 +212,36 @@ async def test_a_broker_store_lost_while_down_is_rebuilt(short_dir: Path) -> Non
         await event_log.close()
         await bus.close()
         await server.stop()
+
+
+async def test_publication_waits_for_the_owners_replies_at_most_a_bounded_time(
+        nats_server: NatsServer, short_dir: Path) -> None:
+    """An event committed while its owner still answers requests (an Allocate confirms its grant
+    against the kubelet's List after the append) is published once those replies are out; an owner
+    that never says so holds publication back for at most HOLD_AT_MOST_S per round."""
+    from libs.bus.outbox import HOLD_AT_MOST_S
+
+    bus = await Bus.connect(nats_server.url, name="t", node="hold")
+    event_log = await EventLog.open(short_dir / "ledger.sqlite")
+    answered = asyncio.Event()
+    relay = Relay(bus, event_log, replies_out=answered.wait)
+    task = asyncio.create_task(relay.run())
+    try:
+        await event_log.append([released_event(1)])
+        await relay.wait_published(1, timeout=10)  # nothing in flight at first: only the bound held it
+        await event_log.append([released_event(2)])
+        await asyncio.sleep(HOLD_AT_MOST_S / 5)
+        assert relay.published == 1  # still answering: not yet
+        answered.set()
+        await relay.wait_published(2, timeout=HOLD_AT_MOST_S / 2)  # at once after the replies
+        answered.clear()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await event_log.append([released_event(3)])
+        await relay.wait_published(3, timeout=10)  # an owner that never answers: the bound
+        assert HOLD_AT_MOST_S * 0.8 <= loop.time() - began < HOLD_AT_MOST_S + 1.0
+    finally:
+        task.cancel()
+        await asyncio.wait([task], timeout=5)
+        await event_log.close()
+        await bus.close()
