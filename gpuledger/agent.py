@@ -4,6 +4,11 @@ launcher and the health probe read it here (a module of its own, so the CLI star
 
 from __future__ import annotations
 
-__all__ = ["SERVICES"]
+__all__ = ["ON_UVLOOP", "SERVICES"]
 
 SERVICES = ("allocator", "watchdog", "vmanager", "registrar")
+# The services a kubelet's or a container's request waits on run on uvloop: each hop of an Allocate
+# (kubelet -> registrar -> NATS -> allocator and back) and of a registration through vcuda.sock is a
+# process waking on a socket, which uvloop does in C (docs/benchmarks.md, "Lean and fast"). The
+# watchdog, which watches the API server, stays on asyncio's loop: ~2.3 MB RSS per process saved.
+ON_UVLOOP = ("allocator", "vmanager", "registrar")

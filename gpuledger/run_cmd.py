@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from gpuledger.agent import SERVICES
+from gpuledger.agent import ON_UVLOOP, SERVICES
 from gpuledger.options import agent_options, settings_from
 
 __all__ = ["run"]
@@ -29,4 +29,4 @@ def run(service: str, **values: Any) -> None:
     settings = settings_from(values, nats_url=values.get("nats_url") or "nats://127.0.0.1:4222")
     # Only the service this process runs is imported (each pulls in its own gRPC, Kubernetes, NVML...).
     factory = importlib.import_module(f"services.{service}.app").service
-    sys.exit(run_service(service, settings, factory))
+    sys.exit(run_service(service, settings, factory, uvloop=service in ON_UVLOOP))
