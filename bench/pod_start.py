@@ -38,11 +38,11 @@ from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
 from simulator.runtime.fakegpus import FakeGpus, fake_gpus_on_host
 
-# The container's own ids from its cgroup path (cgroup v1: the full /kubepods/.../pod<uid>/<id>).
+# What a CUDA interception library does at its first call, in one process as the library does it:
+# its ids from /proc/self/cgroup, RegisterVDevice through the mounted vcuda.sock, then its own
+# 8240-byte vcuda.config read (vcuda-register --self, simulator/runtime/csrc/vcuda_register.c).
 GPU_SCRIPT = (
-    'cg=$(grep -m1 kubepods /proc/self/cgroup); cid=${cg##*/}; p=${cg%/*}; uid=${p##*/pod}; '
-    '/bin/vcuda-register /etc/vcuda/vcuda.sock "$uid" "$cid" >/dev/null && '
-    'test "$(wc -c < /etc/vcuda/$cid/vcuda.config)" -eq 8240 && touch /out/$POD_NAME; '
+    "/bin/vcuda-register --self /etc/vcuda/vcuda.sock && touch /out/$POD_NAME; "
     "trap 'exit 0' TERM; sleep 2147483647 & wait"
 )
 PLAIN_SCRIPT = "touch /out/$POD_NAME; trap 'exit 0' TERM; sleep 2147483647 & wait"

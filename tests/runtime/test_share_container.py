@@ -41,3 +41,12 @@ async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(
     code, out = await node.sh("share", "cuda", f"echo x > /etc/vcuda/{cid}/vcuda.config")
     assert code != 0 and "Read-only file system" in out, out
     assert VCUDA_SOCK.startswith("/etc/vcuda/")
+
+    # 5. The library's whole first step as one process inside (what bench/pod_start.py's GPU container
+    # runs): its ids from /proc/self/cgroup, the registration, its own 8240-byte vcuda.config read.
+    reply = await node.exec("share", "cuda", "/bin/vcuda-register", "--self", VCUDA_SOCK)
+    assert (reply.exit_code, reply.stdout, reply.stderr) == (0, b"", b""), reply
+    # Registered through a link elsewhere, it finds no vcuda.config beside it: a failure, not a silent pass.
+    code, out = await node.sh("share", "cuda", "mkdir -p /tmp/x && ln -sf /etc/vcuda/vcuda.sock /tmp/x/vcuda.sock && "
+                              "/bin/vcuda-register --self /tmp/x/vcuda.sock; echo rc=$?")
+    assert f"/tmp/x/{cid}/vcuda.config" in out and "rc=0" not in out, out

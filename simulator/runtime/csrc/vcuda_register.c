@@ -3,12 +3,19 @@
  * the container id, then exit 0 when the manager answered with a response message.
  *
  *   vcuda-register SOCKET POD_UID CONTAINER_ID [CONTAINER_NAME]
+ *   vcuda-register --self SOCKET
+ *
+ * --self is the library's whole first step, in this one process: its pod UID and container id from
+ * /proc/self/cgroup (the kubelet's .../pod<UID>/<CONTAINER_ID>), the registration, then its own
+ * vcuda.config read beside the socket (<dir of SOCKET>/<CONTAINER_ID>/vcuda.config), which must be
+ * the 8240 bytes vcuda-controller reads; exit 4 when it is not.
  *
  * A static binary with no gRPC library: gRPC here is one HTTP/2 stream over the unix socket (client
  * preface, SETTINGS, one HEADERS frame with literal HPACK fields, one DATA frame carrying the
  * length-prefixed protobuf message), and the answer is read frame by frame. A refused call has no
  * response message, only trailers: it exits 1 and prints the readable trailer text (the status code
  * and message when the server sent them without Huffman coding). Every wait is bounded (10 s). */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -89,20 +96,90 @@ static void on_alarm(int sig) {
     _exit(3);
 }
 
-int main(int argc, char **argv) {
-    if (argc < 4 || argc > 5) {
-        fprintf(stderr, "usage: %s SOCKET POD_UID CONTAINER_ID [CONTAINER_NAME]\n", argv[0]);
-        return 2;
+#define CONFIG_BYTES 8240
+
+/* The pod UID and container id this process runs as: the last two parts of its kubepods cgroup path. */
+static int own_ids(char *uid, size_t uid_size, char *cid, size_t cid_size) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f)
+        die("/proc/self/cgroup");
+    char line[1024];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        if (!strstr(line, "kubepods"))
+            continue;
+        line[strcspn(line, "\n")] = 0;
+        char *last = strrchr(line, '/');
+        if (!last || last == line)
+            continue;
+        *last = 0;
+        char *pod = strrchr(line, '/');
+        if (!pod || strncmp(pod + 1, "pod", 3) != 0)
+            continue;
+        snprintf(cid, cid_size, "%s", last + 1);
+        snprintf(uid, uid_size, "%s", pod + 4);
+        found = 1;
     }
+    fclose(f);
+    return found ? 0 : -1;
+}
+
+/* Exit 0 when <dir of sock>/<cid>/vcuda.config holds exactly CONFIG_BYTES, read through. */
+static int read_config(const char *sock, const char *cid) {
+    char path[512];
+    const char *slash = strrchr(sock, '/');
+    int dir = slash ? (int)(slash - sock) : 1;
+    snprintf(path, sizeof path, "%.*s/%s/vcuda.config", dir, slash ? sock : ".", cid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        die(path);
+    static char buf[CONFIG_BYTES + 1];
+    size_t total = 0;
+    ssize_t n;
+    while ((n = read(fd, buf + total, sizeof buf - total)) > 0 && (total += (size_t)n) < sizeof buf)
+        ;
+    close(fd);
+    if (total != CONFIG_BYTES) {
+        fprintf(stderr, "%s is %zu bytes, not %d\n", path, total, CONFIG_BYTES);
+        return 4;
+    }
+    return 0;
+}
+
+static int register_vdevice(const char *sock, const char *uid, const char *cid, const char *name);
+
+int main(int argc, char **argv) {
     signal(SIGALRM, on_alarm);
     alarm(10);
+    if (argc == 3 && strcmp(argv[1], "--self") == 0) {
+        char uid[128], cid[128];
+        if (own_ids(uid, sizeof uid, cid, sizeof cid) < 0) {
+            fprintf(stderr, "no kubepods cgroup in /proc/self/cgroup\n");
+            return 2;
+        }
+        int rc = register_vdevice(argv[2], uid, cid, NULL);
+        return rc ? rc : read_config(argv[2], cid);
+    }
+    if (argc < 4 || argc > 5) {
+        fprintf(stderr, "usage: %s SOCKET POD_UID CONTAINER_ID [CONTAINER_NAME]\n       %s --self SOCKET\n",
+                argv[0], argv[0]);
+        return 2;
+    }
+    int rc = register_vdevice(argv[1], argv[2], argv[3], argc == 5 ? argv[4] : NULL);
+    if (rc == 0)
+        printf("registered\n");
+    return rc;
+}
+
+/* RegisterVDevice over SOCKET; 0 when answered with a response message, else 1 (the trailers printed). */
+static int register_vdevice(const char *sock, const char *uid, const char *cid, const char *name) {
 
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(argv[1]) >= sizeof addr.sun_path) {
+    if (strlen(sock) >= sizeof addr.sun_path) {
         fprintf(stderr, "socket path too long\n");
         return 2;
     }
-    strcpy(addr.sun_path, argv[1]);
+    strcpy(addr.sun_path, sock);
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     if (fd < 0)
         die("socket");
@@ -131,10 +208,10 @@ int main(int argc, char **argv) {
 
     uint8_t msg[512];
     size_t m = 5; /* gRPC prefix: not compressed + 4-byte length */
-    m += put_field(msg + m, 0x12, argv[2]); /* VDeviceRequest.pod_uid = 2 */
-    if (argc == 5)
-        m += put_field(msg + m, 0x1a, argv[4]); /* container_name = 3 */
-    m += put_field(msg + m, 0x22, argv[3]); /* container_id = 4 */
+    m += put_field(msg + m, 0x12, uid); /* VDeviceRequest.pod_uid = 2 */
+    if (name)
+        m += put_field(msg + m, 0x1a, name); /* container_name = 3 */
+    m += put_field(msg + m, 0x22, cid); /* container_id = 4 */
     uint32_t body = (uint32_t)(m - 5);
     msg[0] = 0;
     msg[1] = (uint8_t)(body >> 24);
@@ -174,10 +251,8 @@ int main(int argc, char **argv) {
         }
     }
     close(fd);
-    if (answered) {
-        printf("registered\n");
+    if (answered)
         return 0;
-    }
     printf("refused:%s\n", trailers);
     return 1;
 }
