@@ -11,8 +11,9 @@
   from GenerateRunContainerOptions, and is tried again, as the kubelet's pod sync does, after
   ``container_retry_backoff`` seconds, doubling up to 10 s, while the pod is active
   (``container_retry_backoff=0``: no retry, the pod stays Pending).
-* With a real runtime (``runtime``, simulator/runtime) each container is then created and started
-  through CRI with those options; a refusal there is reported as the kubelet does
+* With a real runtime (``runtime``, simulator/runtime) the pod's sandbox is created first
+  (RunPodSandbox, before any container's options: PreStartContainer comes after it, as in the
+  kubelet's SyncPod), then each container is created and started through CRI with its options; a refusal there is reported as the kubelet does
   (CreateContainerError, RunContainerError) and retried the same way. Init containers really run
   to their exit; a deleted pod's containers and sandbox are stopped and removed before the object goes.
 * Deleting a pod: deletionTimestamp set and running containers terminated (one MODIFIED), then
@@ -271,6 +272,14 @@ class Kubelet:
         uid = pod_uid(pod)
         if not self.is_uid_active(uid):
             return CREATE_CONFIG_ERROR, "pod is no longer active"
+        if self.runtime is not None:
+            from .runtime import ContainerCreateError
+
+            try:  # the sandbox first, as the kubelet's SyncPod: then each container's options, then it
+                await self.runtime.ensure_sandbox(pod)
+            except ContainerCreateError as err:
+                _logger.info("pod sandbox not created", pod=uid, error=str(err))
+                return err.reason, str(err)
         try:
             opts = await self._manager.run_container_options(pod, container, self.is_uid_active)
         except (ContainerStartError, AllocationError) as err:

@@ -100,6 +100,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
         handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,
                              pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics)
+        stack.push_async_callback(handlers.close)
         relay = Relay(bus, events, replies_out=handlers.replies_out)
         supervisor.spawn(relay.run(), "relay")
         checkpointer = open_checkpointer(settings, bus, events)  # signed checkpoints for the outside witness

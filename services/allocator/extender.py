@@ -14,11 +14,12 @@
   unlike gpu-manager, the kubelet's Allocate does not wait for them (the grant is already durable
   in the log, and the annotations are derived from it). When a correction leaves a pod holding
   nothing, the keys written for it are removed again.
-  The Allocate-time write (``gpu-assigned=false``) waits ``ALLOCATE_WRITE_DELAY_S``: the kubelet is
-  still admitting the pod then, and its PreStartContainer, when it comes within that time (a pod whose
-  image is present), makes the two writes one (``gpu-assigned=true``). A pod patched once instead of
-  twice is one watch event less for every agent watching the node's pods; the extender learns of a
-  slow-starting pod's GPU at most that much later.
+  The writes an Allocate and a PreStartContainer ask for wait ``WRITE_DELAY_S``, and a later word
+  about the same pod replaces a waiting one (a correction writes at once): a pod whose containers
+  start within that time (its image present) is patched once, after they started, with
+  ``gpu-assigned=true``, instead of once per step. A PATCH to a pod is a pod update for everyone
+  watching it, the kubelet included, which would handle it in the middle of starting the pod's
+  containers; the extender learns of a pod's GPU at most that much later.
 - ``tencent.com/vcuda-core-limit`` (a soft utilisation cap, clamped to 0..100) is recorded with
   the grant and becomes the vcuda.config limit.
 """
@@ -55,7 +56,7 @@ __all__ = [
 
 PREDICATE_CHECK_ERROR = "PreStartContainerCheckErr"
 _PATCH_RETRY_FOR = 10.0
-ALLOCATE_WRITE_DELAY_S = 1.0  # how long an Allocate-time write waits for the pod's PreStart (see above)
+WRITE_DELAY_S = 1.0  # how long an Allocate's or a PreStart's write waits for a later one (see above)
 _logger = get_logger("allocator")
 
 
@@ -118,7 +119,7 @@ class AnnotationWriter:
         self.queue: asyncio.Queue[tuple[str, str, str, bool]] = asyncio.Queue()
         self.written = 0
         self._keys: dict[str, set[str]] = {}  # pod uid -> the annotation keys this process wrote there
-        self.defer_for = ALLOCATE_WRITE_DELAY_S
+        self.defer_for = WRITE_DELAY_S
         self._deferred: dict[str, asyncio.TimerHandle] = {}  # pod uid -> its write waiting for a later word
 
     def publish(self, namespace: str, name: str, pod_uid: str, *, assigned: bool, defer: bool = False) -> None:
@@ -133,6 +134,12 @@ class AnnotationWriter:
             self._deferred[pod_uid] = asyncio.get_running_loop().call_later(self.defer_for, self._due, item)
         else:
             self.queue.put_nowait(item)
+
+    def close(self) -> None:
+        """Drop the writes still waiting (the watchdog's repair writes a running pod's annotations)."""
+        for waiting in self._deferred.values():
+            waiting.cancel()
+        self._deferred.clear()
 
     def _due(self, item: tuple[str, str, str, bool]) -> None:
         self._deferred.pop(item[2], None)

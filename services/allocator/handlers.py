@@ -51,7 +51,7 @@ from libs.placement.responses import build_response
 from libs.placement.reuse import place_on_reused, reuse_view
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
 from services.allocator.extraconfig import default_devices
-from services.allocator.identity import Misattributed, misattributed, plan_corrections, suspects
+from services.allocator.identity import Misattributed, misattributed, plan_corrections, suspects, verified
 from services.allocator.ledger import Ledger
 from services.allocator.liveness import GONE_AT_ALLOCATE, gone_holders
 from services.allocator.matching import Candidate, candidates
@@ -73,6 +73,10 @@ _ROOM_ATTEMPTS = 3  # placements tried while releases keep changing the state, b
 _NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notification before asking
 _FETCH_AFTER = 0.005  # a pod's notification is usually in by then: later, fetch the pod rather than wait on
 _FETCH_AT_MOST = 3  # pods the kubelet lists and our copy lacks, fetched by name; more: our copy is behind
+# A grant is checked against the kubelet's record this long after its reply: the kubelet has recorded
+# the devices by then (right after the Allocate returns), and a container start, which asks
+# PreStartContainer, comes after the pod's sandbox (~100 ms) at the earliest.
+_VERIFY_AFTER = 0.02
 _logger = get_logger("allocator")
 _T = TypeVar("_T")
 
@@ -97,6 +101,11 @@ class Allocator:
         self.hami = HamiDelivery.from_settings(settings)
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
         self._marks: dict[str, tuple[float, float, float, float]] = {}
+        # alloc id -> the kubelet's holder of exactly its device IDs, as a List after its Allocate showed
+        # them (same pod and container): its identity is settled, and device IDs do not move while the
+        # pod lives, so its PreStart and its release need no List of their own. Rebuilt by every List.
+        self.settled: dict[str, DeviceHolder] = {}
+        self._verifying: asyncio.Task[None] | None = None
         self._allocating = 0  # Allocates being handled (see replies_out)
         self._answered = asyncio.Event()
         self._answered.set()
@@ -113,6 +122,13 @@ class Allocator:
         await self.bus.serve(s.release, ReleaseRequest, self.release)
         await self.bus.serve(s.inventory, InventoryRequest, self.inventory)
         await self.bus.serve(s.state, StateRequest, self.snapshot)
+
+    async def close(self) -> None:
+        """Stop the background check of grants, and the annotation writes still waiting."""
+        self.annotations.close()
+        if self._verifying is not None:
+            self._verifying.cancel()
+            await asyncio.gather(self._verifying, return_exceptions=True)
 
     async def replies_out(self) -> None:
         """Until no Allocate is being handled: each handler's reply is handed to the connection as it
@@ -168,6 +184,8 @@ class Allocator:
 
     async def _release_gone_holders(self) -> None:
         """Release the allocations of pods gone from the node (liveness.py)."""
+        if self.kubelet is not None:
+            self.observer.kubelet_listed("room")
         gone = await gone_holders(self.state, self.kubelet, self.pod_cache.pods if self.pod_cache else None)
         if gone:
             await self._move_misattributed_grants(gone[0])  # one kubelet List for all of them
@@ -187,6 +205,8 @@ class Allocator:
         # append. One loop turn lets the call's task send it before the inline append blocks the loop.
         view = _KubeletView(self.kubelet)
         view.start()
+        if self.kubelet is not None:
+            self.observer.kubelet_listed("allocate")
         await asyncio.sleep(0)
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
@@ -400,6 +420,7 @@ class Allocator:
             # write with the PreStart's when that comes soon: extender.py).
             self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False,
                                      defer=True)
+        self._verify_soon()
         return _reply(granted)
 
     async def _confirmed(self, granted: Allocation, pod: Pod, view: _KubeletView) -> bool:
@@ -489,7 +510,7 @@ class Allocator:
         with _Ahead(guessed, self._prepare) as prepare:
             alloc = await self._checked(req, guessed)
             prepared = await prepare.for_pod(alloc.pod_uid)
-        self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True)
+        self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True, defer=True)
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
                              vcuda_socket=prepared.socket)
 
@@ -498,7 +519,8 @@ class Allocator:
         # The kubelet's record (it may correct the grant) and the granted pod, asked together: the
         # pod is looked up again only when a correction moved the grant to another pod.
         with _Ahead(guessed, self._active_pod) as active_pod:
-            holder = await self.verify_identity(req.device_ids, reason="prestart")
+            settled = self.settled.get(guessed.alloc_id) if guessed is not None else None
+            holder = settled or await self.verify_identity(req.device_ids, reason="prestart")
             alloc = self.state.find_by_devices(req.device_ids)
             if alloc is None:
                 raise ServiceError(404, (
@@ -556,6 +578,7 @@ class Allocator:
         holder of ``device_ids`` (None when pod-resources is not available or does not list it)."""
         if self.kubelet is None:
             return None
+        self.observer.kubelet_listed(reason)
         try:
             found = (await self.kubelet.list()).holders
         except PodResourcesUnavailable as exc:
@@ -566,7 +589,23 @@ class Allocator:
         self._kubelet_warned = False
         if suspects(self.state, found):
             await self._correct(found, reason)
+        self.settled = verified(self.state, found)
         return found.get(frozenset(device_ids)) if device_ids else None
+
+    def _verify_soon(self) -> None:
+        """Check the grants against the kubelet's record ``_VERIFY_AFTER`` from now (one List for
+        every grant made meanwhile), unless a PreStart did it first."""
+        if self._verifying is None or self._verifying.done():
+            self._verifying = asyncio.get_running_loop().create_task(self._verify_later())
+
+    async def _verify_later(self) -> None:
+        await asyncio.sleep(_VERIFY_AFTER)
+        if all(a.alloc_id in self.settled for a in self.state.allocations.values()):
+            return
+        try:
+            await self.verify_identity(reason="verify")
+        except (ServiceError, BusError) as exc:  # PreStart and the periodic check ask again
+            _logger.info("grants not checked against the kubelet's record", error=str(getattr(exc, "message", exc)))
 
     async def _correct(self, found: dict[frozenset[str], DeviceHolder], reason: str) -> None:
         pods = await self._pods(PodsRequest(fresh=True))
@@ -609,7 +648,8 @@ class Allocator:
 
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
-        if _device_plugin_grants(self.state, req.pod_uid):
+        grants = _device_plugin_grants(self.state, req.pod_uid)
+        if any(a.alloc_id not in self.settled for a in grants):  # a settled grant is the pod's own
             await self._move_misattributed_grants(req.pod_uid)
         return await self._release_recorded(req)
 

@@ -25,7 +25,7 @@ from libs.placement.responses import build_response
 from services.allocator.extender import core_limit
 from services.allocator.podresources import DeviceHolder
 
-__all__ = ["Misattributed", "misattributed", "plan_corrections", "suspects"]
+__all__ = ["Misattributed", "misattributed", "plan_corrections", "suspects", "verified"]
 
 
 class Misattributed(msgspec.Struct, frozen=True):
@@ -45,6 +45,18 @@ def suspects(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> l
             continue
         if (holder.namespace, holder.pod_name, holder.container) != (alloc.namespace, alloc.pod_name, alloc.container):
             out.append(alloc)
+    return out
+
+
+def verified(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> dict[str, DeviceHolder]:
+    """The grants the kubelet records under their own (namespace, pod name, container), with exactly
+    their device IDs: alloc id -> that holder. Init containers are never listed as themselves."""
+    out: dict[str, DeviceHolder] = {}
+    for alloc in state.allocations.values():
+        holder = found.get(frozenset(alloc.device_ids))
+        if holder is not None and (holder.namespace, holder.pod_name, holder.container) == (
+                alloc.namespace, alloc.pod_name, alloc.container):
+            out[alloc.alloc_id] = holder
     return out
 
 

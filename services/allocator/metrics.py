@@ -192,6 +192,9 @@ class AllocatorMetrics(AllocatorObserver):
         self._found = Counter("gpuledger_allocate_pod_found",
                               "Granted Allocates, by how their pod was found (notification, fetched, listed)",
                               ["via"], registry=self.registry)
+        self._lists = Counter("gpuledger_allocator_kubelet_lists",
+                              "pod-resources Lists the allocator asked the kubelet for, by reason", ["reason"],
+                              registry=self.registry)
         hops = hop_histogram(self.registry)
         self._decide, self._append_fsync, self._confirm, self._reply = (
             hops.labels(hop=h) for h in ("decide", "append_fsync", "confirm", "reply"))
@@ -210,6 +213,9 @@ class AllocatorMetrics(AllocatorObserver):
 
     def pod_found(self, via: str) -> None:
         self._found.labels(via=via).inc()
+
+    def kubelet_listed(self, reason: str) -> None:
+        self._lists.labels(reason=reason).inc()
 
 
 @asynccontextmanager

@@ -29,5 +29,11 @@ class AllocatorObserver:
         "fetched" (by name, the kubelet listing it before its notification came) or "listed" (the
         watchdog's lists, once the short wait was over)."""
 
+    def kubelet_listed(self, reason: str) -> None:
+        """The allocator asked the kubelet's pod-resources List (rate-limited by the kubelet: 100 a
+        second, 10 at once) ``reason``: "allocate", "prestart", "release", "verify" (a grant checked
+        shortly after its reply), "reconcile" (the periodic check), "room" (holders gone from the
+        node, looked for before a refusal)."""
+
     def append_done(self, seconds: float) -> None:
         """Events were appended to the log in ``seconds`` (durable on return), or the append failed."""

@@ -3,7 +3,10 @@
 What a pod should carry is libs/kube/annotations.py's rule, the very one the allocator writes with;
 for a Running pod (PreStartContainer passed) ``gpu-assigned`` is ``"true"``. The periodic
 reconciliation patches a running pod whose annotations disagree (a failed patch, a user edit), as
-gpu-manager's checkAllocation does; a pod that agrees is never patched.
+gpu-manager's checkAllocation does; a pod that agrees is never patched. A pod granted less than
+``ALLOCATOR_WRITES_FOR_S`` ago is left to the allocator's own write, which waits a second for the
+pod's next step and is retried for 10 s (services/allocator/extender.py): repairing it meanwhile
+would patch the pod twice.
 """
 
 from __future__ import annotations
@@ -19,9 +22,16 @@ from libs.kube.pods import Pod
 from libs.ledger.state import Allocation
 from libs.logger import get_logger
 
-__all__ = ["AnnotationRepair"]
+__all__ = ["ALLOCATOR_WRITES_FOR_S", "AnnotationRepair", "left_to_the_allocator"]
+
+ALLOCATOR_WRITES_FOR_S = 15.0
 
 _logger = get_logger("watchdog")
+
+
+def left_to_the_allocator(allocations: Iterable[Allocation], now_ns: int) -> bool:
+    """Some grant of the pod is younger than ALLOCATOR_WRITES_FOR_S: its annotations are on their way."""
+    return any(now_ns - a.granted_at < ALLOCATOR_WRITES_FOR_S * 1e9 for a in allocations)
 
 
 class AnnotationRepair:

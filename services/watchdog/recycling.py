@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Coroutine
@@ -54,7 +55,7 @@ from libs.kube.source import PodSource
 from libs.ledger.state import CLAIM_PREFIX, Allocation
 from libs.logger import get_logger
 from services.watchdog.admission import AdmissionCleanup, admission_failed
-from services.watchdog.annotations import AnnotationRepair
+from services.watchdog.annotations import AnnotationRepair, left_to_the_allocator
 from services.watchdog.claims import ClaimReconciler
 from services.watchdog.kubeletpods import KubeletPods, KubeletView
 from services.watchdog.labels import NodeLabeler
@@ -208,6 +209,7 @@ class Recycler:
             if self.admission is not None and admission_failed(pod) and await self.admission.delete_if_owned(pod):
                 repairs.deleted.append(pod.key)
             elif (self.annotations is not None and pod.status.phase == "Running" and held.get(pod.uid)
+                  and not left_to_the_allocator(held[pod.uid], time.time_ns())
                   and await self.annotations.repair(pod, held[pod.uid], extender_indexes(state.snapshot.gpus))):
                 repairs.patched.append(pod.key)
 

@@ -134,6 +134,13 @@ class PodRuntime:
             ),
         )
 
+    async def ensure_sandbox(self, pod: dict[str, Any]) -> None:
+        """The pod's sandbox, made the first time (RunPodSandbox): the kubelet's SyncPod creates it
+        before it builds any container's run options (PreStartContainer among them). Raises
+        ContainerCreateError (CreatePodSandboxError) when the runtime refuses."""
+        async with self._locks.setdefault(pod_uid(pod), asyncio.Lock()):
+            await self._sandbox(pod)
+
     async def _sandbox(self, pod: dict[str, Any]) -> _Pod:
         uid = pod_uid(pod)
         if uid in self._pods:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from libs.kube.annotations import ready_annotations
+from services.watchdog import annotations as watchdog_annotations
 from tests.builders import gpu_pod
 from tests.e2e.helpers import WatchdogNode
 
@@ -29,7 +32,7 @@ def ours(annotations: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_a_running_pods_annotations_are_stable_and_repaired_to_the_allocators_values(
-        wnode: WatchdogNode) -> None:
+        wnode: WatchdogNode, monkeypatch: pytest.MonkeyPatch) -> None:
     # An init container, a shared GPU and a two-GPU container: every case of the rule at once.
     manifest = gpu_pod("stable", ("shared", 30, 2), ("wide", 200, 0))
     manifest["spec"]["initContainers"] = [{"name": "setup", "image": "cuda", "resources": {
@@ -55,7 +58,9 @@ async def test_a_running_pods_annotations_are_stable_and_repaired_to_the_allocat
     } == ready_annotations(held, assigned=True)
     assert "," in allocator_wrote[f"{IDX}1"]  # two minors
 
-    # Two reconciliation passes: the watchdog agrees, and patches nothing.
+    # Two reconciliation passes: the watchdog agrees, and patches nothing (the pod is no longer one
+    # whose annotations it leaves to the allocator: that write is in).
+    monkeypatch.setattr(watchdog_annotations, "ALLOCATOR_WRITES_FOR_S", 0.0)
     before = pod_patches(wnode, "stable")
     assert before >= 1  # the allocator's own writes are counted too
     await wnode.passes(2)
@@ -77,16 +82,19 @@ async def test_a_running_pods_annotations_are_stable_and_repaired_to_the_allocat
 
 
 async def test_a_pod_started_soon_after_its_allocate_is_patched_once(wnode: WatchdogNode) -> None:
-    """The Allocate-time write (gpu-assigned=false) waits for the pod's PreStart, which comes first
-    here: one PATCH with gpu-assigned=true, and the superseded write never lands afterwards."""
+    """The Allocate's write (gpu-assigned=false) waits, the PreStart's replaces it and waits too: one
+    PATCH, gpu-assigned=true, after the containers started; the watchdog's passes meanwhile (one a
+    second here) leave the young pod to that write instead of repairing it first."""
     writer = wnode.services["allocator"].handlers.annotations
-    writer.defer_for = 0.3
+    writer.defer_for = 1.5
     pod = await wnode.run_pod(gpu_pod("quick", ("c", 20, 1)))
     assert pod["status"]["phase"] == "Running", pod["status"]
+    await wnode.passes(1)  # within the write's wait
+    assert pod_patches(wnode, "quick") == 0
     await wnode.sim.wait_for_pod(
         "default", "quick", lambda p: p["metadata"].get("annotations", {}).get(ASSIGNED) == "true", 15)
-    await asyncio.sleep(writer.defer_for + 0.2)  # past the deferred write's time
     await asyncio.wait_for(writer.queue.join(), 15)
+    await wnode.passes(2)
     assert pod_patches(wnode, "quick") == 1
     settled = wnode.sim.get_pod("default", "quick")
     assert settled is not None and settled["metadata"]["annotations"][ASSIGNED] == "true"

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 
 from libs.bus.server import NatsServer
 from libs.commands import PodChanged
 from libs.kube.pods import RESOURCE_VCORE
+from services.watchdog import annotations as watchdog_annotations
 from services.watchdog import app as watchdog_app
 from services.watchdog.labels import MANAGED_ANNOTATION, MODEL_LABEL
 from tests.builders import gpu_pod, settings_for
@@ -60,7 +62,8 @@ async def test_an_owned_pod_that_failed_admission_is_deleted_and_a_naked_one_kep
     assert created["metadata"]["uid"] not in {a.pod_uid for a in (await wnode.snapshot()).allocations}
 
 
-async def test_annotations_that_disagree_with_the_ledger_are_patched(wnode: WatchdogNode) -> None:
+async def test_annotations_that_disagree_with_the_ledger_are_patched(
+        wnode: WatchdogNode, monkeypatch: pytest.MonkeyPatch) -> None:
     pod = await wnode.run_pod(gpu_pod("annotated", ("a", 30, 1), ("b", 100, 0)))
     snap = await wnode.snapshot()
     minors = {a.container: ",".join(str(s.minor) for s in a.shares) for a in snap.allocations}
@@ -72,9 +75,11 @@ async def test_annotations_that_disagree_with_the_ledger_are_patched(wnode: Watc
         assert current is not None
         return current["metadata"].get("annotations") or {}
 
-    await wnode.passes(2)
-    assert wanted.items() <= annotations().items()
-    # Someone edits them: the next pass puts the recorded values back, and nothing else changes.
+    await wnode.sim.wait_for_pod(  # the allocator's own write (after the containers started)
+        "default", "annotated", lambda p: wanted.items() <= (p["metadata"].get("annotations") or {}).items(), 15)
+    # Someone edits them: the next pass puts the recorded values back, and nothing else changes (the
+    # pod is no longer one whose annotations the watchdog leaves to the allocator).
+    monkeypatch.setattr(watchdog_annotations, "ALLOCATOR_WRITES_FOR_S", 0.0)
     wnode.sim.store.update("default", "annotated", lambda p: p["metadata"]["annotations"].update(
         {"tencent.com/predicate-gpu-idx-0": "9", "tencent.com/gpu-assigned": "false", "other": "x"}))
     await wnode.passes(2)

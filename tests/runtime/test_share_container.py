@@ -50,3 +50,19 @@ async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(
     code, out = await node.sh("share", "cuda", "mkdir -p /tmp/x && ln -sf /etc/vcuda/vcuda.sock /tmp/x/vcuda.sock && "
                               "/bin/vcuda-register --self /tmp/x/vcuda.sock; echo rc=$?")
     assert f"/tmp/x/{cid}/vcuda.config" in out and "rc=0" not in out, out
+
+
+async def test_prestart_comes_after_the_pods_sandbox_as_in_the_kubelets_sync(rt_node: RtNode) -> None:
+    """The kubelet's SyncPod creates the pod's sandbox, then builds each container's options
+    (PreStartContainer among them) right before creating it: containerd's record of the sandbox is
+    older than the simulated kubelet's PreStartContainer call."""
+    import time
+
+    node = rt_node
+    running = await node.run_pod(pod("ordered", gpu_container("cuda", cores=20, memory=1)))
+    assert running["status"]["phase"] == "Running", running["status"]
+    wall_minus_mono = time.time() - time.monotonic()
+    prestart = next(c for c in node.sim.calls if c.method == "PreStartContainer" and c.ok)
+    sandbox = next(s for s in await node.client.list_pod_sandboxes()
+                   if s.metadata.uid == running["metadata"]["uid"])
+    assert sandbox.created_at / 1e9 < prestart.start + wall_minus_mono

@@ -1,0 +1,64 @@
+"""A grant the kubelet's record has settled needs no pod-resources List at its PreStart or its release.
+
+Shortly after a grant's reply the allocator checks it against the kubelet's List: the kubelet records
+a container's device IDs as soon as its Allocate returns, and they never move to another container
+while the pod lives. A grant the List shows under its own pod and container with exactly its device
+IDs is settled, so a later PreStartContainer (each container start, restarts included) and the pod's
+release skip the List the kubelet rate-limits (100 a second, 10 at once). Counted by the allocator's
+``gpuledger_allocator_kubelet_lists_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from tests.builders import gpu_pod
+from tests.e2e.helpers import Node
+from tests.polling import eventually
+
+
+def lists(node: Node, reason: str) -> float:
+    registry = node.services["allocator"].metrics.registry
+    return registry.get_sample_value("gpuledger_allocator_kubelet_lists_total", {"reason": reason}) or 0.0
+
+
+async def prestart(node: Node, device_ids: list[str]) -> None:
+    """PreStartContainer on the registrar's vcore socket, as the kubelet calls it at a container (re)start."""
+    socket = f"unix://{node.settings.device_plugin_dir}/vcore.sock"
+    async with grpc.aio.insecure_channel(socket) as channel:
+        await pb_grpc.DevicePluginStub(channel).PreStartContainer(
+            pb.PreStartContainerRequest(devices_ids=device_ids), timeout=10)
+
+
+async def test_a_settled_grant_skips_the_list_at_prestart_and_at_release(node: Node) -> None:
+    pod = await node.run_pod(gpu_pod("settled", ("c", 20, 1)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    [grant] = [a for a in (await node.snapshot()).allocations if a.pod_name == "settled"]
+    assert lists(node, "allocate") == 1
+    await eventually(lambda: lists(node, "verify") + lists(node, "prestart") >= 1, timeout=5, interval=0.02,
+                     what="the grant checked against the kubelet's record")
+    before = {r: lists(node, r) for r in ("prestart", "release", "verify")}
+
+    await prestart(node, list(grant.device_ids))  # the container restarts: the kubelet asks again
+    assert lists(node, "prestart") == before["prestart"]
+
+    await node.sim.delete_pod("default", "settled")
+    await eventually(lambda: not [a for a in node.services["allocator"].ledger.state.allocations.values()
+                                  if a.pod_name == "settled"], timeout=10, interval=0.02, what="the release")
+    assert lists(node, "release") == before["release"]
+
+
+async def test_a_grant_the_record_does_not_show_is_listed_at_prestart(node: Node) -> None:
+    """Without the kubelet's word on the grant (its record not read since), PreStart asks it."""
+    pod = await node.run_pod(gpu_pod("unsettled", ("c", 20, 1)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    [grant] = [a for a in (await node.snapshot()).allocations if a.pod_name == "unsettled"]
+    handlers = node.services["allocator"].handlers
+    await eventually(lambda: grant.alloc_id in handlers.settled, timeout=5, interval=0.02, what="settled")
+    handlers.settled.clear()  # as after a restart of the allocator: nothing settled in memory
+    before = lists(node, "prestart")
+    await prestart(node, list(grant.device_ids))
+    assert lists(node, "prestart") == before + 1
+    assert grant.alloc_id in handlers.settled  # that List settled it again
