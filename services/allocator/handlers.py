@@ -51,7 +51,14 @@ from libs.placement.responses import build_response
 from libs.placement.reuse import place_on_reused, reuse_view
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
 from services.allocator.extraconfig import default_devices
-from services.allocator.identity import Misattributed, misattributed, plan_corrections, suspects, verified
+from services.allocator.identity import (
+    Misattributed,
+    can_settle,
+    misattributed,
+    plan_corrections,
+    settled_grants,
+    suspects,
+)
 from services.allocator.ledger import Ledger
 from services.allocator.liveness import GONE_AT_ALLOCATE, gone_holders
 from services.allocator.matching import Candidate, candidates
@@ -589,7 +596,7 @@ class Allocator:
         self._kubelet_warned = False
         if suspects(self.state, found):
             await self._correct(found, reason)
-        self.settled = verified(self.state, found)
+        self.settled = settled_grants(self.state, found)
         return found.get(frozenset(device_ids)) if device_ids else None
 
     def _verify_soon(self) -> None:
@@ -600,8 +607,8 @@ class Allocator:
 
     async def _verify_later(self) -> None:
         await asyncio.sleep(_VERIFY_AFTER)
-        if all(a.alloc_id in self.settled for a in self.state.allocations.values()):
-            return
+        if all(a.alloc_id in self.settled for a in self.state.allocations.values() if can_settle(a)):
+            return  # (a grant no List can settle would otherwise cost one after every grant)
         try:
             await self.verify_identity(reason="verify")
         except (ServiceError, BusError) as exc:  # PreStart and the periodic check ask again

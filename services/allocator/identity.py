@@ -10,7 +10,7 @@ refused and the caller fails only that container.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -19,13 +19,13 @@ from libs.config import MEMORY_BLOCK
 from libs.errors import ServiceError
 from libs.events.schema import AllocationCorrected, GpuShare
 from libs.kube.pods import Container, Pod
-from libs.ledger.state import Allocation, GpuUsage, LedgerState
+from libs.ledger.state import CLAIM_PREFIX, Allocation, GpuUsage, LedgerState
 from libs.placement.placement import place
 from libs.placement.responses import build_response
 from services.allocator.extender import core_limit
 from services.allocator.podresources import DeviceHolder
 
-__all__ = ["Misattributed", "misattributed", "plan_corrections", "suspects", "verified"]
+__all__ = ["Misattributed", "can_settle", "misattributed", "plan_corrections", "settled_grants", "suspects"]
 
 
 class Misattributed(msgspec.Struct, frozen=True):
@@ -38,26 +38,32 @@ class Misattributed(msgspec.Struct, frozen=True):
 
 def suspects(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> list[Allocation]:
     """Grants the kubelet records under a different (namespace, pod name, container)."""
-    out = []
-    for alloc in sorted(state.allocations.values(), key=lambda a: a.granted_seq):
-        holder = found.get(frozenset(alloc.device_ids))
-        if holder is None or _reused(alloc, holder):
-            continue
-        if (holder.namespace, holder.pod_name, holder.container) != (alloc.namespace, alloc.pod_name, alloc.container):
-            out.append(alloc)
-    return out
+    return [alloc for alloc, holder in sorted(_listed(state, found), key=lambda pair: pair[0].granted_seq)
+            if not _reused(alloc, holder) and not _holds(holder, alloc)]
 
 
-def verified(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> dict[str, DeviceHolder]:
+def settled_grants(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> dict[str, DeviceHolder]:
     """The grants the kubelet records under their own (namespace, pod name, container), with exactly
-    their device IDs: alloc id -> that holder. Init containers are never listed as themselves."""
-    out: dict[str, DeviceHolder] = {}
+    their device IDs: alloc id -> that holder."""
+    return {alloc.alloc_id: holder for alloc, holder in _listed(state, found) if _holds(holder, alloc)}
+
+
+def can_settle(alloc: Allocation) -> bool:
+    """Whether a List can settle the grant: pod-resources never lists an ordinary init container as
+    itself, and a DRA claim's devices are not the device plugin's."""
+    return not alloc.init_container and not alloc.alloc_id.startswith(CLAIM_PREFIX)
+
+
+def _listed(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> Iterator[tuple[Allocation, DeviceHolder]]:
+    """Each grant whose exact device IDs the kubelet lists, with the container listed for them."""
     for alloc in state.allocations.values():
         holder = found.get(frozenset(alloc.device_ids))
-        if holder is not None and (holder.namespace, holder.pod_name, holder.container) == (
-                alloc.namespace, alloc.pod_name, alloc.container):
-            out[alloc.alloc_id] = holder
-    return out
+        if holder is not None:
+            yield alloc, holder
+
+
+def _holds(holder: DeviceHolder, alloc: Allocation) -> bool:
+    return (holder.namespace, holder.pod_name, holder.container) == (alloc.namespace, alloc.pod_name, alloc.container)
 
 
 def _reused(alloc: Allocation, holder: DeviceHolder) -> bool:

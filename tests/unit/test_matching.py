@@ -21,7 +21,7 @@ from libs.events.schema import (
 from libs.kube.pods import Pod
 from libs.kubelet.podresources.v1 import api_pb2 as pr
 from libs.ledger.state import LedgerState
-from services.allocator.identity import misattributed, plan_corrections, suspects
+from services.allocator.identity import can_settle, misattributed, plan_corrections, settled_grants, suspects
 from services.allocator.matching import find_candidate
 from services.allocator.podresources import holders
 from services.allocator.prestart import check_allocation
@@ -210,6 +210,18 @@ def test_reused_init_devices_are_not_a_wrong_guess() -> None:
     assert state.gpus[0].cores_used == 100  # once, not twice
     found = holders(_listing(("p", "main", ["x"], 0)))
     assert suspects(state, found) == []
+
+
+def test_only_grants_the_kubelet_lists_as_themselves_are_settled() -> None:
+    # a: listed as itself; b: its ids listed under another pod (a wrong guess); c: not listed yet; the
+    # init container's ids are listed under the app container that reused them, never as itself.
+    state = _grant_state([("a", "main", 50, 4, 0, ["x"]), ("b", "main", 20, 1, 1, ["y"]),
+                          ("c", "main", 20, 1, 1, ["z"]), ("p", "setup", 10, 0, 1, ["w"])],
+                         init=frozenset({"setup"}))
+    found = holders(_listing(("a", "main", ["x"], 4), ("other", "main", ["y"], 1), ("p", "app", ["w"], 0)))
+    assert list(settled_grants(state, found)) == ["a-a-main"]
+    assert [a.alloc_id for a in suspects(state, found)] == ["a-b-main"]
+    assert [a.alloc_id for a in state.allocations.values() if not can_settle(a)] == ["a-p-setup"]
 
 
 def test_prestart_check_follows_gpu_manager() -> None:
