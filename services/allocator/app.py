@@ -86,7 +86,8 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         stack.push_async_callback(bus.close)
         supervisor = Supervisor("allocator")
         stack.push_async_callback(supervisor.aclose)
-        kubelet = KubeletPodResources(settings.pod_resources_socket, timeout=settings.request_timeout)
+        kubelet = KubeletPodResources(settings.pod_resources_socket, timeout=settings.request_timeout,
+                                      on_list=metrics.kubelet_listed)
         stack.push_async_callback(kubelet.close)
         try:
             client = make_client(settings.kubeconfig)

@@ -191,8 +191,6 @@ class Allocator:
 
     async def _release_gone_holders(self) -> None:
         """Release the allocations of pods gone from the node (liveness.py)."""
-        if self.kubelet is not None:
-            self.observer.kubelet_listed("room")
         gone = await gone_holders(self.state, self.kubelet, self.pod_cache.pods if self.pod_cache else None)
         if gone:
             await self._move_misattributed_grants(gone[0])  # one kubelet List for all of them
@@ -212,8 +210,6 @@ class Allocator:
         # append. One loop turn lets the call's task send it before the inline append blocks the loop.
         view = _KubeletView(self.kubelet)
         view.start()
-        if self.kubelet is not None:
-            self.observer.kubelet_listed("allocate")
         await asyncio.sleep(0)
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
@@ -585,9 +581,8 @@ class Allocator:
         holder of ``device_ids`` (None when pod-resources is not available or does not list it)."""
         if self.kubelet is None:
             return None
-        self.observer.kubelet_listed(reason)
         try:
-            found = (await self.kubelet.list()).holders
+            found = (await self.kubelet.list(reason)).holders
         except PodResourcesUnavailable as exc:
             if not self._kubelet_warned:
                 _logger.warning("pod-resources unavailable: keeping the Allocate-time guess of pods", error=str(exc))
@@ -780,7 +775,7 @@ class _KubeletView:
 
     def start(self) -> None:
         if self._list is None and self._kubelet is not None:
-            self._list = self._kubelet.begin_list()
+            self._list = self._kubelet.begin_list("allocate")
 
     @property
     def answered(self) -> bool:

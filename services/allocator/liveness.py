@@ -39,7 +39,7 @@ async def gone_holders(
     record: KubeletRecord | None = None
     if kubelet is not None:
         try:
-            record = await kubelet.list()
+            record = await kubelet.list("room")
         except PodResourcesUnavailable as exc:
             _logger.info("pod-resources unavailable: liveness from the pod cache only", error=str(exc))
     return decide_gone(state, record, cached or {})

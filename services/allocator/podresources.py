@@ -13,6 +13,7 @@ keeps the channel; only UNAVAILABLE (the kubelet restarting) dials afresh.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -96,16 +97,19 @@ def record(listing: pr.ListPodResourcesResponse) -> KubeletRecord:
 
 
 class KubeletPodResources:
-    def __init__(self, socket: str, *, timeout: float) -> None:
+    def __init__(self, socket: str, *, timeout: float, on_list: Callable[[str], None] | None = None) -> None:
+        """``on_list(reason)``: told of each List sent (the kubelet rate-limits them; the metrics count)."""
         self.socket = socket
         self.timeout = timeout
+        self._on_list = on_list
         self._channel: grpc.aio.Channel | None = None
         self._stub: pr_grpc.PodResourcesListerStub | None = None
 
-    def begin_list(self) -> asyncio.Future[KubeletRecord]:
-        """A List, started now: the future gets the record, or fails with PodResourcesUnavailable;
-        cancelling it cancels the call. The request leaves in the call's own task, which the loop
-        runs next: a caller about to block the loop (an inline append) yields once first."""
+    def begin_list(self, reason: str) -> asyncio.Future[KubeletRecord]:
+        """A List asked for ``reason``, started now: the future gets the record, or fails with
+        PodResourcesUnavailable; cancelling it cancels the call. The request leaves in the call's own
+        task, which the loop runs next: a caller about to block the loop (an inline append) yields
+        once first."""
         if not Path(self.socket).exists():
             failed: asyncio.Future[KubeletRecord] = asyncio.get_running_loop().create_future()
             failed.set_exception(PodResourcesUnavailable(f"no pod-resources socket at {self.socket}"))
@@ -114,6 +118,8 @@ class KubeletPodResources:
             self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
             self._stub = pr_grpc.PodResourcesListerStub(self._channel)
         call = self._stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
+        if self._on_list is not None:
+            self._on_list(reason)
         return asyncio.ensure_future(self._answer(call))
 
     async def _answer(self, call: grpc.aio.UnaryUnaryCall) -> KubeletRecord:  # type: ignore[type-arg]
@@ -126,8 +132,8 @@ class KubeletPodResources:
                 f"pod-resources List on {self.socket} failed: {exc.code().name} {exc.details()}") from exc
         return record(listing)
 
-    async def list(self) -> KubeletRecord:
-        return await self.begin_list()
+    async def list(self, reason: str) -> KubeletRecord:
+        return await self.begin_list(reason)
 
     async def _reset(self) -> None:
         if self._channel is not None:

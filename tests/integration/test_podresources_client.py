@@ -25,13 +25,13 @@ async def test_a_rate_limited_list_is_unavailable_and_keeps_the_channel(short_di
     async with NodeSimulator(cfg):
         client = KubeletPodResources(str(cfg.pod_resources_socket), timeout=2.0)
         try:
-            assert (await client.list()).holders == {}
+            assert (await client.list("test")).holders == {}
             channel = client._channel
             with pytest.raises(PodResourcesUnavailable, match="RESOURCE_EXHAUSTED"):
-                await client.list()  # the one token was spent
+                await client.list("test")  # the one token was spent
             assert client._channel is channel  # not a reason to dial afresh
             await asyncio.sleep(0.25)  # a token back (5 a second)
-            assert (await client.list()).containers == {}
+            assert (await client.list("test")).containers == {}
             assert client._channel is channel
         finally:
             await client.close()
@@ -69,9 +69,9 @@ async def test_a_list_leaves_after_one_loop_turn_even_if_the_loop_then_blocks(sh
     client = KubeletPodResources(str(socket), timeout=5.0)
     try:
         assert await asyncio.wait_for(server.stdout.readline(), 30) == b"ready\n"
-        await client.list()  # connected
+        await client.list("test")  # connected
         await server.stdout.readline()
-        listing = client.begin_list()
+        listing = client.begin_list("test")
         await asyncio.sleep(0)
         time.sleep(0.1)  # noqa: ASYNC251 - the loop blocked on purpose, as by an inline fsync
         unblocked = time.monotonic()
