@@ -97,6 +97,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         else:
             stack.push_async_callback(client.close)
         annotations = AnnotationWriter(client, state.pod_allocations, lambda: state.gpus.values())
+        stack.callback(annotations.close)  # the writes still waiting: a running pod's are repaired by the watchdog
         pod_cache = PodCache(bus)
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
         handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,

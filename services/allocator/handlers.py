@@ -131,8 +131,7 @@ class Allocator:
         await self.bus.serve(s.state, StateRequest, self.snapshot)
 
     async def close(self) -> None:
-        """Stop the background check of grants, and the annotation writes still waiting."""
-        self.annotations.close()
+        """Stop the background check of grants."""
         if self._verifying is not None:
             self._verifying.cancel()
             await asyncio.gather(self._verifying, return_exceptions=True)
