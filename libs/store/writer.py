@@ -48,8 +48,9 @@ MAX_BATCH = 512
 class _Request:
     events: Sequence[Event]
     command_id: str | None
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[list[StoredEvent]]
+    # where the writer thread answers (an inline commit answers by returning)
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future[list[StoredEvent]] | None = None
 
 
 _STOP = object()
@@ -169,16 +170,15 @@ class LogWriter:
         if not events:
             return []
         loop = asyncio.get_running_loop()
+        if self.inline:
+            (result,), fresh = self._commit([_Request(events, command_id)])
+            self._announce(loop.call_soon, fresh)
+            if isinstance(result, BaseException):
+                raise result
+            return result
         fut: asyncio.Future[list[StoredEvent]] = loop.create_future()
-        request = _Request(events, command_id, loop, fut)
-        if not self.inline:
-            self._queue.put(request)
-            return await fut
-        (result,), fresh = self._commit([request])
-        self._announce(loop.call_soon, fresh)
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        self._queue.put(_Request(events, command_id, loop, fut))
+        return await fut
 
     # --- the writer thread ---
     def _run(self) -> None:
@@ -203,6 +203,7 @@ class LogWriter:
                 size += len(nxt.events)
             results, fresh = self._commit(group)
             for req, result in zip(group, results, strict=True):
+                assert req.loop is not None and req.future is not None  # queued by append
                 req.loop.call_soon_threadsafe(_resolve, req.future, result)
             if self._loop is not None:
                 self._announce(self._loop.call_soon_threadsafe, fresh)
