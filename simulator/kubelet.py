@@ -13,8 +13,9 @@
   (``container_retry_backoff=0``: no retry, the pod stays Pending).
 * With a real runtime (``runtime``, simulator/runtime) the pod's sandbox is created first
   (RunPodSandbox, before any container's options: PreStartContainer comes after it, as in the
-  kubelet's SyncPod), then each container is created and started through CRI with its options; a refusal there is reported as the kubelet does
-  (CreateContainerError, RunContainerError) and retried the same way. Init containers really run
+  kubelet's SyncPod), then each container is created and started through CRI with its options; a
+  refusal there is reported as the kubelet does (CreateContainerError, RunContainerError) and
+  retried the same way. Init containers really run
   to their exit; a deleted pod's containers and sandbox are stopped and removed before the object goes.
 * Deleting a pod: deletionTimestamp set and running containers terminated (one MODIFIED), then
   the object is removed (DELETED). Devices come back only at the next GC trigger.
@@ -273,7 +274,7 @@ class Kubelet:
         if not self.is_uid_active(uid):
             return CREATE_CONFIG_ERROR, "pod is no longer active"
         if self.runtime is not None:
-            from .runtime import ContainerCreateError
+            from .runtime import ContainerCreateError  # (with a runtime only: it loads the CRI stubs)
 
             try:  # the sandbox first, as the kubelet's SyncPod: then each container's options, then it
                 await self.runtime.ensure_sandbox(pod)
@@ -299,8 +300,6 @@ class Kubelet:
         self.run_options[(uid, container["name"])] = opts
         if self.runtime is None:
             return container_id()
-        from .runtime import ContainerCreateError
-
         try:
             return "containerd://" + await self.runtime.start_container(pod, container, opts)
         except ContainerCreateError as err:
