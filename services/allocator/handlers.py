@@ -594,19 +594,23 @@ class Allocator:
         return found.get(frozenset(device_ids)) if device_ids else None
 
     def _verify_soon(self) -> None:
-        """Check the grants against the kubelet's record ``_VERIFY_AFTER`` from now (one List for
+        """Settle the grants against the kubelet's record ``_VERIFY_AFTER`` from now (one List for
         every grant made meanwhile), unless a PreStart did it first."""
         if self._verifying is None or self._verifying.done():
             self._verifying = asyncio.get_running_loop().create_task(self._verify_later())
 
     async def _verify_later(self) -> None:
+        """Settle what the kubelet's record shows as it was granted; correct nothing: a grant it
+        shows elsewhere is corrected where it always was (PreStart, release, the periodic check)."""
         await asyncio.sleep(_VERIFY_AFTER)
-        if all(a.alloc_id in self.settled for a in self.state.allocations.values() if can_settle(a)):
+        if self.kubelet is None or all(
+                a.alloc_id in self.settled for a in self.state.allocations.values() if can_settle(a)):
             return  # (a grant no List can settle would otherwise cost one after every grant)
         try:
-            await self.verify_identity(reason="verify")
-        except (ServiceError, BusError) as exc:  # PreStart and the periodic check ask again
-            _logger.info("grants not checked against the kubelet's record", error=str(getattr(exc, "message", exc)))
+            record = await self.kubelet.list("verify")
+        except PodResourcesUnavailable:  # PreStart and the periodic check ask again
+            return
+        self.settled = settled_grants(self.state, record.holders)
 
     async def _correct(self, found: dict[frozenset[str], DeviceHolder], reason: str) -> None:
         pods = await self._pods(PodsRequest(fresh=True))
