@@ -44,8 +44,11 @@ def suspects(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> l
 
 def settled_grants(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> dict[str, DeviceHolder]:
     """The grants the kubelet records under their own (namespace, pod name, container), with exactly
-    their device IDs: alloc id -> that holder."""
-    return {alloc.alloc_id: holder for alloc, holder in _listed(state, found) if _holds(holder, alloc)}
+    their device IDs and their memory: alloc id -> that holder. The kubelet records a container's
+    resources one Allocate at a time, vcore before vmemory: a List between the two shows the vcore
+    IDs with no vmemory yet, which settles nothing (the PreStart then reads the kubelet itself)."""
+    return {alloc.alloc_id: holder for alloc, holder in _listed(state, found)
+            if _holds(holder, alloc) and holder.vmemory * MEMORY_BLOCK == alloc.memory}
 
 
 def can_settle(alloc: Allocation) -> bool:

@@ -224,6 +224,15 @@ def test_only_grants_the_kubelet_lists_as_themselves_are_settled() -> None:
     assert [a.alloc_id for a in state.allocations.values() if not can_settle(a)] == ["a-p-setup"]
 
 
+def test_a_grant_listed_before_the_kubelet_recorded_its_memory_is_not_settled() -> None:
+    # The kubelet records vcore, then asks for and records vmemory: a List between the two shows the
+    # container's vcore IDs with no vmemory. Settled then, its PreStart would skip the kubelet's
+    # record and warn of a vmemory count that differs from the pod spec's.
+    state = _grant_state([("a", "main", 50, 4, 0, ["x"])])
+    assert settled_grants(state, holders(_listing(("a", "main", ["x"], 0)))) == {}
+    assert list(settled_grants(state, holders(_listing(("a", "main", ["x"], 4))))) == ["a-a-main"]
+
+
 def test_prestart_check_follows_gpu_manager() -> None:
     state = _grant_state([("a", "main", 50, 4, 0, ["x"]), ("w", "main", 200, 0, 0, ["y"] * 1)])
     alloc = state.allocations["a-a-main"]
