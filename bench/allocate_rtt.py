@@ -14,7 +14,8 @@ Three kinds of processes, none sharing an interpreter with another:
 Each phase runs the same request sequence against all three: pods take turns (ours, echo, ours,
 durable echo, ours, ...), so whatever the machine does meanwhile falls on all; ours are timed twice
 as often as each floor. Phases: ``idle`` (nothing added), ``loaded``
-(one busy-looping process per CPU core, started by this benchmark). After each phase the registrar's
+(one busy-looping process per CPU core, started by this benchmark, each in a scheduling group of its own
+like every process here: see OWN_GROUP). After each phase the registrar's
 and the allocator's ``/metrics`` are scraped and the per-hop histograms (registrar total, bus round
 trip, allocator decide, append+fsync, reply) are printed as the phase's difference.
 
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
+from libs.lifeline import die_with_parent
 from libs.logger import configure_logging
 from libs.metrics import PORT_OFFSETS
 
@@ -125,9 +128,18 @@ def hop_rows(before: Buckets, after: Buckets) -> list[dict[str, object]]:
 
 # --- load ---------------------------------------------------------------------------------------
 
+# Every process this benchmark starts runs in a session of its own, as gpuledger's services and broker
+# do (gpuledger/launcher.py), and dies with the benchmark. Linux schedules a session as one group
+# (autogroup, on by default): sharing the benchmark's session, the busy loops held the simulated kubelet
+# and the floors' plugins to a third of one group's CPU, where on a node the load runs in pods' cgroups
+# and the kubelet in its own. Each in its own group, the result is also that of a kernel without
+# autogroup (docs/benchmarks.md, fourth round).
+OWN_GROUP: dict[str, Any] = {"start_new_session": True, "preexec_fn": die_with_parent()}
+
 def start_burners() -> list[subprocess.Popen[bytes]]:
     """One busy-looping process per CPU core (the load of the ``loaded`` phase)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], **OWN_GROUP)
+            for _ in range(os.cpu_count() or 1)]
 
 
 def stop_burners(burners: list[subprocess.Popen[bytes]]) -> None:
@@ -160,7 +172,8 @@ def free_base_port() -> int:
 async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_level: str) -> dict[str, object]:
     driver = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.kubelet_driver", str(workdir), NODE,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 24)  # a phase's times are one long line
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 24,  # a phase's times are one long line
+        **OWN_GROUP)
     assert driver.stdin and driver.stdout
     nats = NatsServer(workdir / "nats")
     base = free_base_port()
@@ -180,7 +193,8 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
         for module, *args in (("bench.echo_ledger", str(workdir / "echo.db"), nats.url),
                               ("bench.echo_plugin", str(workdir / "dp")),
                               ("bench.echo_plugin", str(workdir / "dp"), "--bus", nats.url)):
-            helper = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args, stdout=subprocess.PIPE)
+            helper = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args, stdout=subprocess.PIPE,
+                                                          **OWN_GROUP)
             helpers.append(helper)
             assert helper.stdout
             if (await asyncio.wait_for(helper.stdout.readline(), 60)).strip() != b"ready":
