@@ -113,6 +113,7 @@ class Allocator:
         # pod lives, so its PreStart and its release need no List of their own. Rebuilt by every List.
         self.settled: dict[str, DeviceHolder] = {}
         self._verifying: asyncio.Task[None] | None = None
+        self._due: dict[str, float] = {}  # grants to settle -> when (monotonic), see _verify_soon
         self._allocating = 0  # Allocates being handled (see replies_out)
         self._answered = asyncio.Event()
         self._answered.set()
@@ -213,6 +214,8 @@ class Allocator:
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
         finally:
+            if (record := view.record) is not None:  # after the reply has gone
+                asyncio.get_running_loop().call_soon(self._settle, record)
             view.cancel()
 
     async def _pick(
@@ -422,7 +425,7 @@ class Allocator:
             # write with the PreStart's when that comes soon: extender.py).
             self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False,
                                      defer=True)
-        self._verify_soon()
+        self._verify_soon(granted)
         return _reply(granted)
 
     async def _confirmed(self, granted: Allocation, pod: Pod, view: _KubeletView) -> bool:
@@ -593,24 +596,41 @@ class Allocator:
         self.settled = settled_grants(self.state, found)
         return found.get(frozenset(device_ids)) if device_ids else None
 
-    def _verify_soon(self) -> None:
-        """Settle the grants against the kubelet's record ``_VERIFY_AFTER`` from now (one List for
-        every grant made meanwhile), unless a PreStart did it first."""
+    def _settle(self, record: KubeletRecord) -> None:
+        """Add the grants ``record`` settles; keep those settled by a List it may predate (a List
+        sent at an Allocate's receipt can come back after a later one)."""
+        self.settled = {alloc_id: holder for alloc_id, holder in (*self.settled.items(),
+                                                                  *settled_grants(self.state, record.holders).items())
+                        if alloc_id in self.state.allocations}
+
+    def _verify_soon(self, granted: Allocation) -> None:
+        """Settle the grant against the kubelet's record ``_VERIFY_AFTER`` from now (one List for the
+        grants due then), unless a PreStart or the next Allocate's List did it first: while pods come
+        one after another, each Allocate's List settles the grant before it, and the kubelet (100
+        Lists a second, 10 at once) is asked about once per pod instead of twice."""
+        if self.kubelet is None or not can_settle(granted):
+            return  # (a grant no List can settle would otherwise cost one after every grant)
+        self._due[granted.alloc_id] = time.monotonic() + _VERIFY_AFTER
         if self._verifying is None or self._verifying.done():
             self._verifying = asyncio.get_running_loop().create_task(self._verify_later())
 
     async def _verify_later(self) -> None:
         """Settle what the kubelet's record shows as it was granted; correct nothing: a grant it
         shows elsewhere is corrected where it always was (PreStart, release, the periodic check)."""
-        await asyncio.sleep(_VERIFY_AFTER)
-        if self.kubelet is None or all(
-                a.alloc_id in self.settled for a in self.state.allocations.values() if can_settle(a)):
-            return  # (a grant no List can settle would otherwise cost one after every grant)
-        try:
-            record = await self.kubelet.list("verify")
-        except PodResourcesUnavailable:  # PreStart and the periodic check ask again
-            return
-        self.settled = settled_grants(self.state, record.holders)
+        assert self.kubelet is not None
+        while self._due:
+            await asyncio.sleep(max(0.0, min(self._due.values()) - time.monotonic()))
+            now = time.monotonic()
+            due = [alloc_id for alloc_id, at in self._due.items() if at <= now]
+            for alloc_id in due:
+                del self._due[alloc_id]
+            if all(a in self.settled or a not in self.state.allocations for a in due):
+                continue
+            try:
+                record = await self.kubelet.list("verify")
+            except PodResourcesUnavailable:  # PreStart and the periodic check ask again
+                continue
+            self._settle(record)
 
     async def _correct(self, found: dict[frozenset[str], DeviceHolder], reason: str) -> None:
         pods = await self._pods(PodsRequest(fresh=True))
@@ -793,6 +813,13 @@ class _KubeletView:
         if not self._list.done():
             await asyncio.wait({self._list}, timeout=timeout)
         if not self._list.done() or self._list.cancelled() or self._list.exception() is not None:
+            return None
+        return self._list.result()
+
+    @property
+    def record(self) -> KubeletRecord | None:
+        """The kubelet's answer, once it came; None before, or when the List failed."""
+        if self._list is None or not self._list.done() or self._list.cancelled() or self._list.exception():
             return None
         return self._list.result()
 
