@@ -110,7 +110,8 @@ class Allocator:
         self._marks: dict[str, tuple[float, float, float, float]] = {}
         # alloc id -> the kubelet's holder of exactly its device IDs, as a List after its Allocate showed
         # them (same pod and container): its identity is settled, and device IDs do not move while the
-        # pod lives, so its PreStart and its release need no List of their own. Rebuilt by every List.
+        # pod lives, so its PreStart and its release need no List of their own. Added to by every List
+        # (``_settle``); rebuilt by the checks that may correct grants (``verify_identity``).
         self.settled: dict[str, DeviceHolder] = {}
         self._verifying: asyncio.Task[None] | None = None
         self._due: dict[str, float] = {}  # grants to settle -> when (monotonic), see _verify_soon
@@ -812,9 +813,7 @@ class _KubeletView:
             return None
         if not self._list.done():
             await asyncio.wait({self._list}, timeout=timeout)
-        if not self._list.done() or self._list.cancelled() or self._list.exception() is not None:
-            return None
-        return self._list.result()
+        return self.record
 
     @property
     def record(self) -> KubeletRecord | None:
