@@ -67,6 +67,11 @@ async def test_dra_plugin_end_to_end(nats_server: NatsServer, short_dir: Path) -
 
             async with grpc.aio.insecure_channel(f"unix://{info.endpoint}") as ch:
                 stub = v1_grpc.DRAPluginStub(ch)
+                # The claims of one request are prepared together: of two that overcommit one GPU,
+                # either may come first. c-share is prepared alone first, so c-big is the one refused.
+                first = await stub.NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(claims=[_claim("c-share", "share")]), timeout=45)
+                assert first.claims["c-share"].error == ""
                 asked = [_claim("c-share", "share"), _claim("c-missing", "missing"), _claim("c-big", "big"),
                          _claim("c-dp", "dp-gpu")]
                 resp = await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=asked), timeout=45)
