@@ -598,11 +598,14 @@ class Allocator:
         return found.get(frozenset(device_ids)) if device_ids else None
 
     def _settle(self, record: KubeletRecord) -> None:
-        """Add the grants ``record`` settles; keep those settled by a List it may predate (a List
-        sent at an Allocate's receipt can come back after a later one)."""
-        self.settled = {alloc_id: holder for alloc_id, holder in (*self.settled.items(),
-                                                                  *settled_grants(self.state, record.holders).items())
-                        if alloc_id in self.state.allocations}
+        """Add the grants ``record`` settles. Those settled already stay (device IDs do not move
+        while a pod lives; a List sent at an Allocate's receipt can come back after a later one), so
+        only the unsettled are looked up: this runs after every Allocate."""
+        live = self.state.allocations
+        settled = {alloc_id: holder for alloc_id, holder in self.settled.items() if alloc_id in live}
+        unsettled = [a for a in live.values() if a.alloc_id not in settled]
+        settled.update(settled_grants(self.state, record.holders, among=unsettled))
+        self.settled = settled
 
     def _verify_soon(self, granted: Allocation) -> None:
         """Settle the grant against the kubelet's record ``_VERIFY_AFTER`` from now (one List for the

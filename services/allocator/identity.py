@@ -10,7 +10,7 @@ refused and the caller fails only that container.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -38,16 +38,20 @@ class Misattributed(msgspec.Struct, frozen=True):
 
 def suspects(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> list[Allocation]:
     """Grants the kubelet records under a different (namespace, pod name, container)."""
-    return [alloc for alloc, holder in sorted(_listed(state, found), key=lambda pair: pair[0].granted_seq)
+    return [alloc for alloc, holder in sorted(_listed(state.allocations.values(), found),
+                                              key=lambda pair: pair[0].granted_seq)
             if not _reused(alloc, holder) and not _holds(holder, alloc)]
 
 
-def settled_grants(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> dict[str, DeviceHolder]:
-    """The grants the kubelet records under their own (namespace, pod name, container), with exactly
-    their device IDs and their memory: alloc id -> that holder. The kubelet records a container's
-    resources one Allocate at a time, vcore before vmemory: a List between the two shows the vcore
-    IDs with no vmemory yet, which settles nothing (the PreStart then reads the kubelet itself)."""
-    return {alloc.alloc_id: holder for alloc, holder in _listed(state, found)
+def settled_grants(state: LedgerState, found: dict[frozenset[str], DeviceHolder], *,
+                   among: Iterable[Allocation] | None = None) -> dict[str, DeviceHolder]:
+    """The grants (of ``among``, by default all) the kubelet records under their own (namespace, pod
+    name, container), with exactly their device IDs and their memory: alloc id -> that holder. The
+    kubelet records a container's resources one Allocate at a time, vcore before vmemory: a List
+    between the two shows the vcore IDs with no vmemory yet, which settles nothing (the PreStart then
+    reads the kubelet itself)."""
+    allocs = state.allocations.values() if among is None else among
+    return {alloc.alloc_id: holder for alloc, holder in _listed(allocs, found)
             if _holds(holder, alloc) and holder.vmemory * MEMORY_BLOCK == alloc.memory}
 
 
@@ -57,9 +61,10 @@ def can_settle(alloc: Allocation) -> bool:
     return not alloc.init_container and not alloc.alloc_id.startswith(CLAIM_PREFIX)
 
 
-def _listed(state: LedgerState, found: dict[frozenset[str], DeviceHolder]) -> Iterator[tuple[Allocation, DeviceHolder]]:
+def _listed(allocs: Iterable[Allocation], found: dict[frozenset[str], DeviceHolder],
+            ) -> Iterator[tuple[Allocation, DeviceHolder]]:
     """Each grant whose exact device IDs the kubelet lists, with the container listed for them."""
-    for alloc in state.allocations.values():
+    for alloc in allocs:
         holder = found.get(frozenset(alloc.device_ids))
         if holder is not None:
             yield alloc, holder
