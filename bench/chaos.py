@@ -124,6 +124,10 @@ class Chaos:
         self.root = root
         self.lifecycles = lifecycles
         self.rng = random.Random(seed)
+        # the schedule draws from its own generator, so that a seed names the same disruptions
+        # however the workers' draws interleave with it
+        self.chaos_rng = random.Random(seed * 7919 + 1)
+        self.due = float("inf")                   # lifecycles at which the next disruption is due
         self.disrupt_every = disrupt_every
         self.freeze_share = freeze_share
         self.freeze = freeze
@@ -178,6 +182,7 @@ class Chaos:
     async def worker(self, queue: asyncio.Queue[int]) -> None:
         assert self.sim is not None
         while True:
+            await self.paced()
             try:
                 n = queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -266,25 +271,35 @@ class Chaos:
     async def chaos(self) -> None:
         """A disruption every ``disrupt_every`` lifecycles on average (spacing 0.5x..1.5x), at a random
         moment: half just after a pod was created (mid-Allocate), half up to a second later."""
+        rng = self.chaos_rng
         order: list[str] = []
-        due = self.rng.uniform(0.5, 1.5) * self.disrupt_every
+        self.due = rng.uniform(0.5, 1.5) * self.disrupt_every
         while not self.done:
-            if self.report.lifecycles < due:
+            if self.report.lifecycles < self.due:
                 await asyncio.sleep(0.05)
                 continue
-            due += self.rng.uniform(0.5, 1.5) * self.disrupt_every
+            self.due += rng.uniform(0.5, 1.5) * self.disrupt_every
             if not order:
                 order = list(PROCESSES)
-                self.rng.shuffle(order)
+                rng.shuffle(order)
             name = order.pop()
-            freeze = self.rng.random() < self.freeze_share
-            if self.rng.random() < 0.5:
+            freeze = rng.random() < self.freeze_share
+            if rng.random() < 0.5:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.created.wait(), 5)
-                await asyncio.sleep(self.rng.uniform(0, 0.05))
+                await asyncio.sleep(rng.uniform(0, 0.05))
             else:
-                await asyncio.sleep(self.rng.uniform(0, 1.0))
+                await asyncio.sleep(rng.uniform(0, 1.0))
             await self.disrupt(name, freeze)
+
+    async def paced(self) -> None:
+        """Wait while the lifecycles run more than one spacing ahead of the disruptions: a disruption
+        waits for its recovery, and on a slow machine the pods would otherwise finish before the schedule
+        had made its disruptions (CI once ran 150 lifecycles with 14 kills where 20 were due)."""
+        for _ in range(600):  # 30 s at most: a schedule stuck in a recovery must not stop the pods
+            if self.done or self.report.lifecycles < self.due + self.disrupt_every:
+                return
+            await asyncio.sleep(0.05)
 
     async def disrupt(self, name: str, freeze: bool) -> None:
         pid = self._pid(name)

@@ -2,7 +2,7 @@
 
 150 pod lifecycles through the simulator while a seeded schedule SIGKILLs and SIGSTOPs the five
 processes of ``gpuledger up`` (see bench/chaos.py for the checks). A failing run names its seed;
-``python -m bench.chaos --lifecycles 150 --disrupt-every 8 --freeze 2 --seed N`` repeats it.
+``python -m bench.chaos --lifecycles 150 --disrupt-every 6 --freeze 2 --seed N`` repeats it.
 ``GPULEDGER_CHAOS_SEED`` picks the seed (default: a fixed one, so CI is repeatable).
 """
 
