@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -275,6 +276,13 @@ async def main() -> None:
     phases = ["idle", "loaded"] if args.load == "both" else [args.load]
     workdir = Path(tempfile.mkdtemp(prefix="glb", dir="/tmp"))
     results = await run(args.pods, args.warmup, phases, workdir, args.log_level)
+    for entry in workdir.iterdir():  # keep only the services' logs (the ledger, stores, sockets go)
+        if entry.name == "logs":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
     print(f"services' logs: {workdir / 'logs'}", file=sys.stderr)
     load = os.getloadavg()
     results["machine"] = (f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}, "
