@@ -15,6 +15,7 @@ from libs.vcuda import VcudaClientError
 from services.vmanager.app import VmanagerService
 from services.vmanager.names import is_container_id
 from tests.builders.cgroups import enter_container
+from tests.polling import eventually
 from tests.vmanager.helpers import (
     BLOCK,
     FakeWatchdog,
@@ -165,10 +166,9 @@ async def test_bad_requests_write_nothing(
     assert tree(workdir / "vm") == before
     assert sorted(os.listdir(workdir)) == ["cgroup", "proc", "state", "vm"]
     assert sorted(os.listdir(settings.vm_root)) == [uid]
-    for _ in range(100):  # the gate drops its verdict when the closed connection reaches it
-        if not len(vmanager.sockets.callers):
-            break
-        await asyncio.sleep(0.01)
+    # the gate drops its verdict when the closed connection reaches it
+    await eventually(lambda: len(vmanager.sockets.callers) == 0, timeout=1, interval=0.01,
+                     what="the gate dropping the closed connection's verdict")
     assert len(vmanager.sockets.callers) == 0
 
 
