@@ -69,7 +69,8 @@ __all__ = [
 SETTINGS_PREFIX = "response-settings:"
 _EMPTY = b"\xff"  # an empty text in a packed field (packed.hex_text spells it "")
 _VCORE = "tencent.com/vcuda-core-"
-_NUMBER = re.compile(r"^(0|[1-9]\d*)$")
+_VCORE_ID = re.escape(_VCORE) + "(?:0|[1-9][0-9]{0,17})"  # < 10**18: fits the bodies' 64-bit integers
+_VCORE_IDS = re.compile(f"{_VCORE_ID}(?:,{_VCORE_ID})*")
 _LIB32 = "/usr/local/nvidia/lib"
 
 
@@ -327,18 +328,29 @@ _DECODE_ARRAYS.update({(name, COMPACT_V): msgspec.msgpack.Decoder(cls).decode fo
 # --- kubelet device IDs ---
 
 
-def encode_ids(device_ids: tuple[str, ...]) -> dict[str, object] | None:
-    """The body fields for vcore IDs, None when one is of another form (kept as strings then).
+def vcore_numbers(device_ids: tuple[str, ...]) -> list[int] | None:
+    """The numbers N of IDs that are all ``tencent.com/vcuda-core-N`` (N in plain ASCII decimal, as
+    we advertise them, below 10**18: spelled back, each is the same string); None when one is of
+    another form."""
+    if not device_ids:
+        return []
+    joined = ",".join(device_ids)  # one match for all: the IDs of a 90-core grant cost one call
+    if joined.count(",") != len(device_ids) - 1 or _VCORE_IDS.fullmatch(joined) is None:
+        return None
+    cut = len(_VCORE)
+    return [int(d[cut:]) for d in device_ids]
 
-    The set is ``ids`` = ascending runs [start, count, ...] or, when shorter (the kubelet picks IDs
+
+def encode_ids(device_ids: tuple[str, ...]) -> dict[str, object] | None:
+    """The body fields for vcore IDs, None when one is of another form (kept as strings then)."""
+    nums = vcore_numbers(device_ids)
+    return None if nums is None else _encode_numbers(nums)
+
+
+def _encode_numbers(nums: list[int]) -> dict[str, object] | None:
+    """The set is ``ids`` = ascending runs [start, count, ...] or, when shorter (the kubelet picks IDs
     scattered over the free ones), ``bits`` = [first, bitmap from first]; ``perm`` keeps the kubelet's
-    order (the position of each ID in ascending order) when it was not ascending."""
-    nums = []
-    for dev in device_ids:
-        tail = dev[len(_VCORE):]
-        if not dev.startswith(_VCORE) or not _NUMBER.match(tail):
-            return None
-        nums.append(int(tail))
+    order (the position of each ID in ascending order) when it was not ascending. None for repeats."""
     ordered = sorted(nums)
     if len(set(ordered)) != len(ordered):
         return None
@@ -365,12 +377,24 @@ _BIT_OFFSETS = [tuple(i for i in range(8) if byte >> i & 1) for byte in range(25
 
 
 _ID_TEXT: list[str] = []  # the ID strings, made once per process: a replay spells out millions of IDs
+_ID_TEXT_MAX = 1 << 16  # numbers past this (never on a real node: 100 per GPU) are spelled one by one
 
 
 def _id_texts(upto: int) -> list[str]:
+    """The cache, holding at least ``upto`` (<= _ID_TEXT_MAX: the callers see to it) IDs."""
     if upto > len(_ID_TEXT):
-        _ID_TEXT.extend(f"{_VCORE}{i}" for i in range(len(_ID_TEXT), max(upto, 2 * len(_ID_TEXT), 1024)))
+        _ID_TEXT.extend(f"{_VCORE}{i}" for i in range(len(_ID_TEXT), max(upto, min(2 * len(_ID_TEXT), _ID_TEXT_MAX),
+                                                                          1024)))
     return _ID_TEXT
+
+
+def _spelled(numbers: list[int]) -> list[str]:
+    """The vcore IDs of ``numbers``: from the cache, unless a number is past it (an odd ID in an import
+    must not make every reader of its row build a list that long)."""
+    if numbers and max(numbers) >= _ID_TEXT_MAX:
+        return [f"{_VCORE}{n}" for n in numbers]
+    texts = _id_texts(max(numbers, default=0) + 1)
+    return [texts[n] for n in numbers]
 
 
 def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...], bits: bytes = b"") -> tuple[str, ...]:
@@ -378,14 +402,22 @@ def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...], bits: bytes
         return ()  # an import without the kubelet's checkpoint
     if bits:
         first = runs[0]
-        texts = _id_texts(first + 8 * len(bits))
-        ordered = [texts[first + (k << 3) + i] for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]]
-    elif len(runs) == 2:
+        if first + 8 * len(bits) > _ID_TEXT_MAX:
+            ordered = _spelled([first + (k << 3) + i for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]])
+        else:
+            texts = _id_texts(first + 8 * len(bits))
+            ordered = [texts[first + (k << 3) + i] for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]]
+    elif len(runs) == 2 and runs[0] + runs[1] <= _ID_TEXT_MAX:
         start, count = runs
         ordered = _id_texts(start + count)[start:start + count]
     else:
-        texts = _id_texts(max(s + c for s, c in zip(runs[::2], runs[1::2], strict=True)))
-        ordered = [t for s, c in zip(runs[::2], runs[1::2], strict=True) for t in texts[s:s + c]]
+        pairs = list(zip(runs[::2], runs[1::2], strict=True))
+        top = max(s + c for s, c in pairs)
+        if top > _ID_TEXT_MAX:  # past the cache: spelled one by one
+            ordered = _spelled([n for s, c in pairs for n in range(s, s + c)])
+        else:
+            texts = _id_texts(top)
+            ordered = [t for s, c in pairs for t in texts[s:s + c]]
     if not perm:
         return tuple(ordered)
     return tuple([ordered[i] for i in perm])
@@ -506,13 +538,11 @@ def share_of(s: PackedShare) -> GpuShare:
 def _ids_part(device_ids: tuple[str, ...], version: int) -> dict[str, object]:
     """The body fields of the kubelet's device IDs: version 3's set and order (``encode_ids``), or in
     version 4 the numbers in order (``vcores``) where that is shorter; the strings when not vcore IDs."""
-    coded = encode_ids(device_ids)
+    numbers = vcore_numbers(device_ids)
+    coded = None if numbers is None else _encode_numbers(numbers)
     if coded is None:
         return {"device_ids": device_ids}
-    if version != COMPACT_V or not device_ids:
-        return coded
-    numbers = [int(d[len(_VCORE):]) for d in device_ids]
-    if max(numbers).bit_length() > 64:
+    if version != COMPACT_V or not numbers:
         return coded
     vcores = pack_vcores(numbers)
     return {"vcores": vcores} if len(vcores) < len(_encode(coded)) else coded
@@ -611,9 +641,7 @@ def _expand_4(b: _Grant4 | _Imported4 | _Corrected4 | _Released4, source: MetaSo
             reason=b.reason,
         )
     if b.vcores:
-        numbers = unpack_vcores(b.vcores)
-        texts = _id_texts(max(numbers) + 1)
-        device_ids = tuple([texts[n] for n in numbers])
+        device_ids = tuple(_spelled(unpack_vcores(b.vcores)))
     else:
         device_ids = b.device_ids or decode_ids(b.ids, b.perm, b.bits)
     if not b.request_id and command_id is None:

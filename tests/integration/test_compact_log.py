@@ -99,3 +99,34 @@ async def test_an_edited_settings_entry_is_detected(tmp_path: Path) -> None:
             list(iter_events(conn))
     finally:
         conn.close()
+
+
+async def test_device_ids_that_are_not_spelled_as_we_spell_them_come_back_exactly(tmp_path: Path) -> None:
+    """An import carries whatever IDs a checkpoint held: each is read back as it was, none is
+    "normalised" into a vcore number, and a number far past any node's (100 per GPU) neither
+    changes nor makes a reader build a cache that long."""
+    base = grant(10, (SHARE,), 30, [1, 2])
+    odd = [("tencent.com/vcuda-core-1\n",), ("tencent.com/vcuda-core-01",), ("tencent.com/vcuda-core-1,2",),
+           ("tencent.com/vcuda-core-\u0661",), ("tencent.com/vcuda-core-1\u0661",),
+           ("tencent.com/vcuda-core-100000000000",), (f"tencent.com/vcuda-core-{1 << 70}",),
+           ("tencent.com/vcuda-core-3", "tencent.com/vcuda-core-100000000000", "tencent.com/vcuda-core-4")]
+    events = [AllocationImported(**{**{f: getattr(base, f) for f in AllocationGranted.__struct_fields__},
+                                    "alloc_id": f"{i + 1:032x}", "device_ids": ids}, source="/ckpt")
+              for i, ids in enumerate(odd)]
+    path = tmp_path / "ledger.sqlite"
+    event_log = await EventLog.open(path, response_settings=ResponseSettings.of(VM, VDRIVER, EXTRA, HAMI))
+    try:
+        await event_log.append(events)
+    finally:
+        await event_log.close()
+    conn = open_reader(path)
+    try:
+        assert [s.event.device_ids for s in iter_events(conn)] == odd  # type: ignore[attr-defined]
+    finally:
+        conn.close()
+    assert len(compact_module._ID_TEXT) <= compact_module._ID_TEXT_MAX
+    # the version 3 forms (runs, bitmap) of numbers past the cache, as an older release wrote them
+    assert compact_module.decode_ids((10**11, 2), b"") == ("tencent.com/vcuda-core-100000000000",
+                                                           "tencent.com/vcuda-core-100000000001")
+    assert compact_module.decode_ids((10**11,), b"\x01\x00", bits=b"\x05") == (
+        "tencent.com/vcuda-core-100000000002", "tencent.com/vcuda-core-100000000000")
