@@ -233,19 +233,27 @@ class LogWriter:
                 mark = (seq, at, prev, dict(versions))
                 rows: list[tuple[object, ...]] = []
                 stored: list[StoredEvent] = []
-                for ev in req.events:
-                    seq += 1
-                    at = max(self._clock(), at)
-                    stream = ev.stream()
-                    version = (versions.get(stream) or self._stream_version(stream)) + 1
-                    versions[stream] = version
-                    event_id = uuid.uuid4().bytes
-                    row = event_row(seq, at, stream, version, ev, event_id, req.command_id, self._settings)
-                    prev = chain_hash(prev, row)
-                    rows.append((*row, prev))
-                    stored.append(StoredEvent(seq=seq, recorded_at=at, stream_id=stream, version=version,
-                                              event_id=event_id.hex(), command_id=req.command_id, event=ev,
-                                              row_hash=prev.hex()))
+                try:
+                    for ev in req.events:
+                        seq += 1
+                        at = max(self._clock(), at)
+                        stream = ev.stream()
+                        version = (versions.get(stream) or self._stream_version(stream)) + 1
+                        versions[stream] = version
+                        event_id = uuid.uuid4().bytes
+                        row = event_row(seq, at, stream, version, ev, event_id, req.command_id, self._settings)
+                        prev = chain_hash(prev, row)
+                        rows.append((*row, prev))
+                        stored.append(StoredEvent(seq=seq, recorded_at=at, stream_id=stream, version=version,
+                                                  event_id=event_id.hex(), command_id=req.command_id, event=ev,
+                                                  row_hash=prev.hex()))
+                except sqlite3.DatabaseError:
+                    raise
+                except Exception as exc:  # an event that cannot be encoded fails its own append, not the writer
+                    seq, at, prev, versions = mark
+                    results.append(StoreError(f"event cannot be recorded ({type(exc).__name__}: {exc}); "
+                                              "nothing of this append was written"))
+                    continue
                 conn.execute("SAVEPOINT request")
                 try:
                     self._layout.insert(conn, rows)

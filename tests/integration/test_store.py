@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from libs.errors import CorruptLog, StoreError
-from libs.events.schema import AllocationReleased, InventoryRecorded
+from libs.events.schema import AllocationGranted, AllocationReleased, ContainerResponse, InventoryRecorded
 from libs.ledger.state import LedgerState
 from libs.store import EventLog, iter_events, open_reader, replay, seq_at_time
 from libs.store.replay import iter_rows
@@ -47,6 +47,23 @@ async def test_a_batch_is_atomic_and_a_command_is_written_once(event_log: EventL
     again = await event_log.append([released(3)], command_id="req-1")
     assert [e.seq for e in again] == [e.seq for e in first] == [1, 2]
     assert event_log.last_seq == 2
+
+
+async def test_an_event_that_cannot_be_encoded_fails_its_own_append_and_the_writer_goes_on(
+    event_log: EventLog,
+) -> None:
+    """A grant whose memory does not fit the log's 64-bit integers: its append gets a clear error at
+    once (it used to kill the writer thread, and every append after it waited forever); the appends
+    committed with it and after it are written, with dense seqs."""
+    grant = AllocationGranted(alloc_id="a" * 32, request_id="r1", pod_uid="p", namespace="ns", pod_name="p",
+                              container="c", container_index=0, cores=10, memory=1 << 70,
+                              device_ids=("tencent.com/vcuda-core-1",), shares=(), response=ContainerResponse())
+    bad, good = await asyncio.wait_for(asyncio.gather(event_log.append([released(1), grant]),
+                                                      event_log.append([released(2)]), return_exceptions=True), 10)
+    assert isinstance(bad, StoreError) and "cannot be recorded" in str(bad) and "OverflowError" in str(bad)
+    assert [e.seq for e in good] == [1]  # type: ignore[union-attr]
+    assert [e.seq for e in await asyncio.wait_for(event_log.append([released(3)]), 10)] == [2]
+    assert [e.event for e in await event_log.read_after(0)] == [released(2), released(3)]
 
 
 async def test_sqlite_refuses_edits_gaps_and_time_travel(event_log: EventLog) -> None:
