@@ -7,6 +7,7 @@ passed through the registered upcasters one version at a time, then converted to
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -112,7 +113,13 @@ def _upcast(type_name: str, version: int, data: dict[str, Any], seq: int) -> Any
 def format_time(ns: int) -> str:
     """RFC 3339 UTC with all nine digits, so a printed time names exactly one instant of the log."""
     seconds, frac = divmod(ns, 1_000_000_000)
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
+    return f"{_second_text(seconds)}.{frac:09d}Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _second_text(seconds: int) -> str:
+    """A log's times come in runs within one second: the relay formats one per published event."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def parse_time(text: str) -> int:
