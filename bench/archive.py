@@ -7,9 +7,10 @@ retention by a quarter, the allocator's archive step (``libs.store.archive.archi
 what ``allocator.archive`` runs: segment file, stream heads, catalog, chunked delete) moves all but the
 newest ``--retention`` events into a segment. Reported over time: the live file's size (and its WAL),
 the archive's size, the time each archive took. Then the allocator's start-up, as bench/restart.py
-measures it (process spawn -> it answers on NATS), on the result: once without a snapshot (it must
-replay the segments too: the first start after an upgrade) and twice with the snapshot its clean stop
-wrote (the normal restart, which needs the snapshot and the live tail, never a segment).
+measures it (process spawn -> it answers on NATS, the node's stream current), on the result: once
+without a snapshot (it must replay the segments too: the first start after an upgrade) and twice with
+the snapshot its clean stop wrote (the normal restart, which needs the snapshot and the live tail,
+never a segment).
 
     python -m bench.archive [--events 1000000] [--retention 100000]
 """
@@ -27,10 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nats.js.errors import NotFoundError
-
 from bench.make_log import synthetic, write_log
-from bench.restart import start_and_wait, stop, wait_published
+from bench.restart import seed_stream, start_and_wait, stop, wait_published
 from libs.bus import NatsServer
 from libs.ledger.holdings import audit_replay
 from libs.store.archive import archive_dir, archive_prefix, cut_for
@@ -67,18 +66,6 @@ def churn(log: Path, events: int, retention: int) -> list[dict[str, float]]:
     return rows
 
 
-async def _published(url: str, last: int, timeout: float = 600) -> None:
-    """The relay published the live tail (the rebuilt stream starts at the live log's first seq)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await wait_published(url, last, timeout=max(1.0, deadline - time.monotonic()))
-        except NotFoundError:  # the relay has not created the stream yet
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
-
-
 def whole_history(log: Path) -> dict[str, float]:
     """What an auditor pays once most of the history is archived: every segment is decompressed."""
     out = {}
@@ -102,9 +89,10 @@ async def starts(state_dir: Path, events: int) -> list[dict[str, object]]:
         seconds, proc = await start_and_wait(empty, server.url)
         await stop(proc)
         out.append({"case": "floor: empty log", "seconds": seconds})
+        await seed_stream(server.url, state_dir / "ledger.sqlite")  # the stream is current, as on a running node
         seconds, proc = await start_and_wait(state_dir, server.url)
         out.append({"case": "no snapshot: replays every segment and the live log", "seconds": seconds})
-        await _published(server.url, events + 1)
+        await wait_published(server.url, events + 1)  # what this start appended (its inventory)
         await stop(proc)  # a clean stop writes the snapshot
         for attempt in (1, 2):
             seconds, proc = await start_and_wait(state_dir, server.url)
