@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,8 +162,13 @@ def main() -> None:
                    if "server:" in line)
         first = measure(gpuledger, work, api, sim.pid, settle=args.settle, seconds=args.seconds)
         rows = measure(gpuledger, work, api, sim.pid, settle=args.settle, seconds=args.seconds)
-    finally:
+    except BaseException:
         stop(sim, signal.SIGTERM)
+        print(f"the services' logs: {work / 'logs.txt'}", file=sys.stderr)  # kept for a failed run only
+        raise
+    stop(sim, signal.SIGTERM)
+    quiet["stderr"].close()
+    shutil.rmtree(work, ignore_errors=True)
     total, first_total = totals(rows), totals(first)
     load = os.getloadavg()
     print("Second start (the log exists: the steady state of a node; the first start is below)\n")
