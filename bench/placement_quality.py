@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import os
 import random
 import statistics
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,6 +217,56 @@ def utilisation_after(inv: Inventory, ops: list[Request | str], placed: int) -> 
 
 # --- the report --------------------------------------------------------------------------------------
 
+def measure(case: tuple[str, bool], args: argparse.Namespace) -> tuple[list[str], str]:
+    """The report's rows for one topology and kind (fill or churn), and a note when traces were left out."""
+    name, churn = case
+    profile, multiples = TOPOLOGIES[name]
+    inv = FakeBackend(PROFILES_DIR / f"{profile}.yaml").inventory()
+    lines: list[str] = []
+    rng = random.Random(f"{args.seed}/{name}/{churn}")
+    traces = [make_trace(rng, inv, multiples, args.arrivals, churn) for _ in range(args.traces)]
+    bounds: list[int] = []
+    kept: list[list[Request | str]] = []
+    skipped = 0
+    runs: dict[str, list[Run]] = {"ours": [], "first-fit": [], "DRA (scheduler)": []}
+    for k, ops in enumerate(traces):
+        try:
+            bound = offline_bound(inv, ops)
+        except BudgetExceeded:
+            skipped += 1
+            continue
+        bounds.append(bound)
+        kept.append(ops)
+        runs["ours"].append(run_trace(inv, ops, place))
+        runs["first-fit"].append(run_trace(inv, ops, first_fit))
+        runs["DRA (scheduler)"].append(run_dra_trace(inv, ops, Run()))
+        for label, rs in runs.items():
+            placed = rs[-1].placed
+            if placed > bound:
+                raise AssertionError(f"{name} trace {k}: {label} placed {placed} > bound {bound}")
+        if (k + 1) % 50 == 0:
+            print(f"  .. {name} {'churn' if churn else 'fill'}: {k + 1}/{len(traces)} traces",
+                  file=sys.stderr, flush=True)
+    kind = "churn" if churn else "fill"
+    mean_bound = statistics.mean(bounds)
+    util_bound = statistics.mean(utilisation_after(inv, ops, b) for ops, b in zip(kept, bounds, strict=True))
+    for label, rs in runs.items():
+        placed = statistics.mean(r.placed for r in rs)
+        equal = sum(r.placed == b for r, b in zip(rs, bounds, strict=True)) / len(rs)
+        util = statistics.mean(r.utilisation for r in rs)
+        nvl = [x for r in rs for x in r.nvlinks_per_pair]
+        cross = [x for r in rs for x in r.cross_socket]
+        lines.append(f"| {name} | {kind} | {label} | {placed:.2f} | {100 * placed / args.arrivals:.1f}% "
+                     f"| {100 * placed / mean_bound:.1f}% "
+                     f"| {100 * equal:.0f}% | {100 * util:.1f}% | {statistics.mean(nvl) if nvl else 0:.2f} "
+                     f"| {100 * sum(cross) / len(cross) if cross else 0:.1f}% |")
+    lines.append(f"| {name} | {kind} | offline bound | {mean_bound:.2f} | {100 * mean_bound / args.arrivals:.1f}% "
+                 f"| 100% | 100% | {100 * util_bound:.1f}% | | |")
+    note = (f"{name} {kind}: {skipped} of {len(traces)} traces left out (the bound's search went over its "
+            f"budget of {SEARCH_BUDGET:,} states)") if skipped else ""
+    return lines, note
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=int, default=100, help="traces per topology and kind")
@@ -229,51 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| topology | trace | placer | placed before 1st refusal (mean) | of the trace | % of bound "
           "| equals bound | utilisation then | NVLinks/pair (multi-GPU) | multi-GPU with a SYS pair |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, (profile, multiples) in TOPOLOGIES.items():
-        inv = FakeBackend(PROFILES_DIR / f"{profile}.yaml").inventory()
-        for churn in (False, True):
-            rng = random.Random(f"{args.seed}/{name}/{churn}")
-            traces = [make_trace(rng, inv, multiples, args.arrivals, churn) for _ in range(args.traces)]
-            bounds: list[int] = []
-            kept: list[list[Request | str]] = []
-            skipped = 0
-            runs: dict[str, list[Run]] = {"ours": [], "first-fit": [], "DRA (scheduler)": []}
-            for k, ops in enumerate(traces):
-                try:
-                    bound = offline_bound(inv, ops)
-                except BudgetExceeded:
-                    skipped += 1
-                    continue
-                bounds.append(bound)
-                kept.append(ops)
-                runs["ours"].append(run_trace(inv, ops, place))
-                runs["first-fit"].append(run_trace(inv, ops, first_fit))
-                runs["DRA (scheduler)"].append(run_dra_trace(inv, ops, Run()))
-                for label, rs in runs.items():
-                    placed = rs[-1].placed
-                    if placed > bound:
-                        raise AssertionError(f"{name} trace {k}: {label} placed {placed} > bound {bound}")
-                if (k + 1) % 50 == 0:
-                    print(f"  .. {name} {'churn' if churn else 'fill'}: {k + 1}/{len(traces)} traces",
-                          file=sys.stderr, flush=True)
-            kind = "churn" if churn else "fill"
-            mean_bound = statistics.mean(bounds)
-            util_bound = statistics.mean(utilisation_after(inv, ops, b) for ops, b in zip(kept, bounds, strict=True))
-            for label, rs in runs.items():
-                placed = statistics.mean(r.placed for r in rs)
-                equal = sum(r.placed == b for r, b in zip(rs, bounds, strict=True)) / len(rs)
-                util = statistics.mean(r.utilisation for r in rs)
-                nvl = [x for r in rs for x in r.nvlinks_per_pair]
-                cross = [x for r in rs for x in r.cross_socket]
-                print(f"| {name} | {kind} | {label} | {placed:.2f} | {100 * placed / args.arrivals:.1f}% "
-                      f"| {100 * placed / mean_bound:.1f}% "
-                      f"| {100 * equal:.0f}% | {100 * util:.1f}% | {statistics.mean(nvl) if nvl else 0:.2f} "
-                      f"| {100 * sum(cross) / len(cross) if cross else 0:.1f}% |")
-            print(f"| {name} | {kind} | offline bound | {mean_bound:.2f} | {100 * mean_bound / args.arrivals:.1f}% "
-                  f"| 100% | 100% | {100 * util_bound:.1f}% | | |")
-            if skipped:
-                notes.append(f"{name} {kind}: {skipped} of {len(traces)} traces left out (the bound's search "
-                             f"went over its budget of {SEARCH_BUDGET:,} states)")
+    cases = [(name, churn) for name in TOPOLOGIES for churn in (False, True)]
+    # Each topology and kind is its own seeded computation: the machine's cores take them side by side.
+    with ProcessPoolExecutor(max_workers=min(len(cases), os.cpu_count() or 1)) as pool:
+        for lines, note in pool.map(functools.partial(measure, args=args), cases):
+            print("\n".join(lines), flush=True)
+            if note:
+                notes.append(note)
     for note in notes:
         print(f"\n{note}")
     print(f"\n({time.perf_counter() - started:.1f} s)")
