@@ -35,8 +35,9 @@ from libs.events.schema import (
 )
 from libs.ledger.rules import health_reason
 from libs.store.compact import COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES, COMPACT_V3, PackedShare, reason_text, share_of
+from libs.store.layout import type_names
 from libs.store.packed import hex_text, uuid_text
-from libs.store.replay import iter_rows
+from libs.store.replay import iter_row_chunks
 from libs.store.rows import COLUMNS, row_to_stored
 
 __all__ = [
@@ -267,16 +268,21 @@ def iter_views(
     """(seq, recorded_at, view) in seq order; types without a view come as a full ``StoredEvent``."""
     # Only the columns the views need: each extra column costs ~10% of the scan. The rare row that
     # needs the full decode (an old schema version, a type without a view) is read again by seq.
-    decoders = VIEW_DECODERS
-    for seq, at, type_name, schema_v, payload in iter_rows(
-        conn, "seq, recorded_at, type, schema_v, payload", after_seq=after_seq, upto_seq=upto_seq
+    # Types are looked up by what the row stores (format 2: an id, named here once, not in each row).
+    # A type added after this read has no entry: its rows take the full decode below, as correct.
+    decoders: dict[tuple[int | str, int], object] = dict(VIEW_DECODERS)
+    for type_id, name in type_names(conn).items():
+        decoders.update({(type_id, v): decode for (n, v), decode in VIEW_DECODERS.items() if n == name})
+    for rows in iter_row_chunks(
+        conn, "seq, recorded_at, type_code, schema_v, payload", after_seq=after_seq, upto_seq=upto_seq
     ):
-        decode = decoders.get((type_name, schema_v))
-        if decode is not None:
-            yield seq, at, decode(payload)  # type: ignore[operator]
-        else:
-            row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
-            yield seq, at, row_to_stored(row, conn)
+        for seq, at, type_code, schema_v, payload in rows:
+            decode = decoders.get((type_code, schema_v))
+            if decode is not None:
+                yield seq, at, decode(payload)  # type: ignore[operator]
+            else:
+                row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
+                yield seq, at, row_to_stored(row, conn)
 
 
 def _grant_view(ev: AllocationGranted) -> GrantView:
