@@ -4,10 +4,7 @@ Everything on this machine: 3 central nats-servers (routes, JetStream R3, fsync 
 broker per node (its own nats-server and JetStream domain), and one Python process driving every
 node's real event log and outbox relay (the synthetic nodes share it, as the issue allows). Steps:
 
-1. fill: each node's log gets ``--events`` events (its inventory, then 30-core grants and releases,
-   ~20 grants held at a time), written by ``bench.make_log``'s writer (the allocator's rows and hash
-   chain, in big transactions: the node's own append is not what this measures), then the node's
-   real outbox relay publishes them all to its leaf's stream.
+1. fill: each node appends ``--events`` grants to its own log; its relay publishes them to its leaf.
 2. backlog: the fleet stream is created with every node as a source in one create; time until it
    holds every event (events/s). This is the floor's scenario b1 with gpuledger's relay in front.
 2'. floor, in the same run: plain NATS as ``nats-fleet-floor.md`` measured it (b1): on every leaf a
@@ -36,18 +33,13 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from nats.js import api
 
-from bench.make_log import write_log
 from libs.bus import NatsServer
-from libs.events import AllocationGranted, AllocationReleased, Event
 from libs.fleet.naming import FLEET_STREAM, node_domain
 from libs.fleet.queries import fleet_at
 from libs.fleet.stream import ensure_fleet_stream, node_source
@@ -118,22 +110,35 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def node_events(node: LedgerNode, events: int, live: int = 20) -> Iterator[Event]:
-    """The node's inventory, then grants (``LedgerNode.grant``'s) and releases: once ``live`` grants are
-    held, every other event releases the oldest."""
-    yield node.inventory_event()
-    template = node.grant_event()
-    held: deque[AllocationGranted] = deque()
-    for i in range(events - 1):
-        if len(held) >= live and i % 2:
-            gone = held.popleft()
-            yield AllocationReleased(alloc_id=gone.alloc_id, pod_uid=gone.pod_uid, container=gone.container,
-                                     reason="deleted")
-        else:
-            grant = msgspec.structs.replace(template, alloc_id=uuid.uuid4().hex, request_id=uuid.uuid4().hex,
-                                            pod_uid=str(uuid.uuid4()))
-            held.append(grant)
-            yield grant
+async def fill(node: LedgerNode, events: int, batch: int = 50, live: int = 20) -> None:
+    """``events`` grants and releases through the real log (``batch`` per commit, as a busy allocator
+    groups them), each release ending the grant made ``live`` grants earlier: ~``live`` held per node."""
+    import uuid
+    from collections import deque
+
+    import msgspec
+
+    from libs.events import AllocationGranted, AllocationReleased
+
+    assert node.event_log
+    template: AllocationGranted = await node.grant()
+    held: deque[AllocationGranted] = deque([template])
+    left = events - 1
+    while left > 0:
+        chunk: list[Any] = []
+        while len(chunk) < min(batch, left):
+            if len(held) >= live and len(chunk) % 2:
+                gone = held.popleft()
+                chunk.append(AllocationReleased(alloc_id=gone.alloc_id, pod_uid=gone.pod_uid,
+                                                container=gone.container, reason="deleted"))
+            else:
+                grant = msgspec.structs.replace(template, alloc_id=uuid.uuid4().hex, pod_uid=str(uuid.uuid4()))
+                held.append(grant)
+                chunk.append(grant)
+        await node.event_log.append(chunk)
+        left -= len(chunk)
+    assert node.relay
+    await node.relay.wait_published(node.event_log.last_seq, timeout=1800)
 
 
 FLOOR_STREAM = "FLOOR"
@@ -245,15 +250,12 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
         await asyncio.sleep(1)
         for leaf in leaves:
             await leaf.start(timeout=60)
-        say(f"fill: {nodes_n} node logs x {events} events, published by their relays")
-        start = time.perf_counter()
         for i, leaf in enumerate(leaves):
-            node = LedgerNode(leaf.node, root / f"n{i}", leaf.url)
-            node.root.mkdir()
-            write_log(node.log_path, node_events(node, events), progress=False)
-            nodes.append(await node.start())
-        await asyncio.gather(*(n.relay.wait_published(n.event_log.last_seq, timeout=1800)  # type: ignore[union-attr]
-                               for n in nodes))
+            nodes.append(await LedgerNode(leaf.node, root / f"n{i}", leaf.url).start())
+        say(f"fill: {nodes_n} node logs x {events} events through their relays")
+        start = time.perf_counter()
+        for k in range(0, nodes_n, 10):
+            await asyncio.gather(*(fill(n, events) for n in nodes[k:k + 10]))
         out["fill_s"] = time.perf_counter() - start
         total = sum(n.event_log.last_seq for n in nodes)  # type: ignore[union-attr]
         out["total_events"] = total

@@ -264,31 +264,22 @@ class LedgerNode:
         self.relay = Relay(self.bus, self.event_log, poll_interval=0.05)
         self._task = asyncio.create_task(self.relay.run())
         if self.event_log.last_seq == 0:
-            await self.event_log.append([self.inventory_event()])
+            await self.event_log.append([InventoryRecorded(node=self.node, backend="fake", gpus=self.gpus)])
         return self
 
-    def grant_event(
+    async def grant(
         self, *, namespace: str = "ml", pod_name: str = "", cores: int = 30, gpu: int = 0
     ) -> AllocationGranted:
-        """A grant of ``cores`` on GPU ``gpu`` to a new pod (not appended)."""
+        assert self.event_log
         pod_uid = str(uuid.uuid4())
         info = self.gpus[gpu]
-        return AllocationGranted(
+        ev = AllocationGranted(
             alloc_id=uuid.uuid4().hex, request_id=uuid.uuid4().hex, pod_uid=pod_uid, namespace=namespace,
             pod_name=pod_name or f"pod-{pod_uid[:8]}", container="main", container_index=0, cores=cores,
             memory=4 * GIB, device_ids=tuple(f"tencent.com/vcuda-core-{i}" for i in range(cores)),
             shares=(GpuShare(index=info.index, uuid=info.uuid, minor=info.minor, cores=cores, memory=4 * GIB),),
             response=ContainerResponse(annotations={"tencent.com/vcuda-core": str(cores)}),
         )
-
-    def inventory_event(self) -> InventoryRecorded:
-        return InventoryRecorded(node=self.node, backend="fake", gpus=self.gpus)
-
-    async def grant(
-        self, *, namespace: str = "ml", pod_name: str = "", cores: int = 30, gpu: int = 0
-    ) -> AllocationGranted:
-        assert self.event_log
-        ev = self.grant_event(namespace=namespace, pod_name=pod_name, cores=cores, gpu=gpu)
         await self.event_log.append([ev])
         self.live.append(ev)
         return ev
