@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -58,7 +59,6 @@ __all__ = [
     "compact_body",
     "decode_compact",
     "decode_ids",
-    "encode_ids",
     "expand",
     "reason_text",
     "remember",
@@ -341,12 +341,6 @@ def vcore_numbers(device_ids: tuple[str, ...]) -> list[int] | None:
     return [int(d[cut:]) for d in device_ids]
 
 
-def encode_ids(device_ids: tuple[str, ...]) -> dict[str, object] | None:
-    """The body fields for vcore IDs, None when one is of another form (kept as strings then)."""
-    nums = vcore_numbers(device_ids)
-    return None if nums is None else _encode_numbers(nums)
-
-
 def _encode_numbers(nums: list[int]) -> dict[str, object] | None:
     """The set is ``ids`` = ascending runs [start, count, ...] or, when shorter (the kubelet picks IDs
     scattered over the free ones), ``bits`` = [first, bitmap from first]; ``perm`` keeps the kubelet's
@@ -380,21 +374,27 @@ _ID_TEXT: list[str] = []  # the ID strings, made once per process: a replay spel
 _ID_TEXT_MAX = 1 << 16  # numbers past this (never on a real node: 100 per GPU) are spelled one by one
 
 
-def _id_texts(upto: int) -> list[str]:
-    """The cache, holding at least ``upto`` (<= _ID_TEXT_MAX: the callers see to it) IDs."""
+class _SpelledIds:
+    """IDs past the cache, spelled on each use, indexed like the cache (by number or slice): an odd ID
+    in an import must not make every reader of its row build a list that long."""
+
+    def __getitem__(self, key: int | slice) -> Any:
+        if isinstance(key, slice):
+            return [f"{_VCORE}{n}" for n in range(key.start, key.stop)]
+        return f"{_VCORE}{key}"
+
+
+_SPELLED_IDS = _SpelledIds()
+
+
+def _id_texts(upto: int) -> Any:
+    """The ID texts of numbers below ``upto``: the cache, grown as needed, or past it ``_SPELLED_IDS``."""
+    if upto > _ID_TEXT_MAX:
+        return _SPELLED_IDS
     if upto > len(_ID_TEXT):
         _ID_TEXT.extend(f"{_VCORE}{i}" for i in range(len(_ID_TEXT), max(upto, min(2 * len(_ID_TEXT), _ID_TEXT_MAX),
                                                                           1024)))
     return _ID_TEXT
-
-
-def _spelled(numbers: list[int]) -> list[str]:
-    """The vcore IDs of ``numbers``: from the cache, unless a number is past it (an odd ID in an import
-    must not make every reader of its row build a list that long)."""
-    if numbers and max(numbers) >= _ID_TEXT_MAX:
-        return [f"{_VCORE}{n}" for n in numbers]
-    texts = _id_texts(max(numbers, default=0) + 1)
-    return [texts[n] for n in numbers]
 
 
 def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...], bits: bytes = b"") -> tuple[str, ...]:
@@ -402,22 +402,14 @@ def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...], bits: bytes
         return ()  # an import without the kubelet's checkpoint
     if bits:
         first = runs[0]
-        if first + 8 * len(bits) > _ID_TEXT_MAX:
-            ordered = _spelled([first + (k << 3) + i for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]])
-        else:
-            texts = _id_texts(first + 8 * len(bits))
-            ordered = [texts[first + (k << 3) + i] for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]]
-    elif len(runs) == 2 and runs[0] + runs[1] <= _ID_TEXT_MAX:
+        texts = _id_texts(first + 8 * len(bits))
+        ordered = [texts[first + (k << 3) + i] for k, byte in enumerate(bits) for i in _BIT_OFFSETS[byte]]
+    elif len(runs) == 2:
         start, count = runs
         ordered = _id_texts(start + count)[start:start + count]
     else:
-        pairs = list(zip(runs[::2], runs[1::2], strict=True))
-        top = max(s + c for s, c in pairs)
-        if top > _ID_TEXT_MAX:  # past the cache: spelled one by one
-            ordered = _spelled([n for s, c in pairs for n in range(s, s + c)])
-        else:
-            texts = _id_texts(top)
-            ordered = [t for s, c in pairs for t in texts[s:s + c]]
+        texts = _id_texts(max(s + c for s, c in zip(runs[::2], runs[1::2], strict=True)))
+        ordered = [t for s, c in zip(runs[::2], runs[1::2], strict=True) for t in texts[s:s + c]]
     if not perm:
         return tuple(ordered)
     return tuple([ordered[i] for i in perm])
@@ -536,7 +528,7 @@ def share_of(s: PackedShare) -> GpuShare:
 
 
 def _ids_part(device_ids: tuple[str, ...], version: int) -> dict[str, object]:
-    """The body fields of the kubelet's device IDs: version 3's set and order (``encode_ids``), or in
+    """The body fields of the kubelet's device IDs: version 3's set and order (``_encode_numbers``), or in
     version 4 the numbers in order (``vcores``) where that is shorter; the strings when not vcore IDs."""
     numbers = vcore_numbers(device_ids)
     coded = None if numbers is None else _encode_numbers(numbers)
@@ -641,7 +633,9 @@ def _expand_4(b: _Grant4 | _Imported4 | _Corrected4 | _Released4, source: MetaSo
             reason=b.reason,
         )
     if b.vcores:
-        device_ids = tuple(_spelled(unpack_vcores(b.vcores)))
+        numbers = unpack_vcores(b.vcores)
+        texts = _id_texts(max(numbers) + 1)
+        device_ids = tuple([texts[n] for n in numbers])
     else:
         device_ids = b.device_ids or decode_ids(b.ids, b.perm, b.bits)
     if not b.request_id and command_id is None:
