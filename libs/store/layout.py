@@ -84,7 +84,7 @@ class Layout:
         Format 2: the type's name comes from a CASE over ``types`` read now (in the caller's
         transaction, so it names every row that transaction sees), evaluated in SQLite; a pod stream's
         key is spelled as text in Python (~4 times cheaper than in SQL), only when ``stream_id`` is
-        asked for. ``type_code``: the type as stored, format 2's id (``type_names``) or format 1's name
+        asked for. ``type_code``: the type as stored, format 2's id (``Layout.type_names``) or format 1's name
         (a scan that only looks types up saves the CASE and a string per row: ~15% of it)."""
         if self.format == "1":
             return plain_columns(columns), None
@@ -93,10 +93,10 @@ class Layout:
         spelled: int | None = None
         for i, name in enumerate(names):
             if name == "type_code":
-                out.append("type")  # the id as stored: names it through ``type_names``
+                out.append("type")  # the id as stored: ``type_names`` names it
             elif name == "type":
                 whens = " ".join(f"WHEN {tid} THEN '{tname.replace(chr(39), chr(39) * 2)}'" for tid, tname in
-                                 conn.execute(f"SELECT id, name FROM {schema}.types"))
+                                 self.type_names(conn, schema).items())
                 out.append(f"CASE type {whens} END" if whens else "NULL")
             elif name == "stream_id":
                 out.append("stream")
@@ -104,6 +104,12 @@ class Layout:
             else:
                 out.append(name)
         return ", ".join(out), spelled
+
+    def type_names(self, conn: sqlite3.Connection, schema: str = "main") -> dict[int, str]:
+        """Format 2's type ids and their names (empty for format 1, whose rows hold the names)."""
+        if self.format == "1":
+            return {}
+        return dict(conn.execute(f"SELECT id, name FROM {schema}.types").fetchall())
 
     def stream_version(self, conn: sqlite3.Connection, stream: str) -> int | None:
         """The last version of ``stream`` in the live rows (None when it has none)."""
@@ -118,13 +124,6 @@ def plain_columns(columns: str) -> str:
     """``columns`` for a table that stores the type's name (format 1, an archive segment, the ``events``
     view): there the ``type_code`` a scan may ask for is the name itself."""
     return ", ".join("type" if c.strip() == "type_code" else c.strip() for c in columns.split(","))
-
-
-def type_names(conn: sqlite3.Connection, schema: str = "main") -> dict[int, str]:
-    """Format 2's type ids and their names (empty for format 1)."""
-    if layout_of(conn, schema).format == "1":
-        return {}
-    return dict(conn.execute(f"SELECT id, name FROM {schema}.types").fetchall())
 
 
 def layout_of(conn: sqlite3.Connection, schema: str = "main") -> Layout:
