@@ -32,11 +32,11 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
-from nats.js import api
 
 from bench.make_log import synthetic, write_log
 from libs.bus import NatsServer
-from libs.bus.outbox import EVENT_ID_HEADER
+from libs.bus.client import Bus
+from libs.bus.outbox import EVENT_ID_HEADER, ensure_stream
 from libs.commands import InventoryRequest
 from libs.events.codec import to_record
 from libs.events.subjects import Subjects
@@ -99,19 +99,17 @@ async def seed_stream(url: str, log: Path) -> int:
         last = next(iter_events(conn, after_seq=conn.execute("SELECT MAX(seq) FROM events").fetchone()[0] - 1))
     finally:
         conn.close()
-    subjects = Subjects(NODE)
-    nc = await nats.connect(url)
+    bus = await Bus.connect(url, name="bench", node=NODE, wait=10)
     try:
-        js = nc.jetstream()
         with contextlib.suppress(nats.js.errors.NotFoundError):
-            await js.delete_stream(subjects.stream)  # the floor's start published its own inventory
-        await js.add_stream(api.StreamConfig(name=subjects.stream, subjects=subjects.event_subjects(),
-                                             storage=api.StorageType.FILE, first_seq=last.seq))
-        await js.publish(subjects.event(last.type), msgspec.json.encode(to_record(last)), stream=subjects.stream,
-                         headers={"Nats-Expected-Last-Sequence": str(last.seq - 1), EVENT_ID_HEADER: last.event_id})
-        assert await _published(js) == last.seq
+            await bus.js.delete_stream(bus.subjects.stream)  # the floor's start published its own inventory
+        await ensure_stream(bus, first_seq=last.seq)  # the relay's own stream config
+        await bus.js.publish(bus.subjects.event(last.type), msgspec.json.encode(to_record(last)),
+                             stream=bus.subjects.stream,
+                             headers={"Nats-Expected-Last-Sequence": str(last.seq - 1), EVENT_ID_HEADER: last.event_id})
+        assert await _published(bus.js) == last.seq
     finally:
-        await nc.close()
+        await bus.close()
     return last.seq
 
 

@@ -68,7 +68,7 @@ def rebuilt_subject(bus: Bus) -> str:
     return f"{bus.subjects.prefix}.stream.rebuilt"
 
 
-def _stream_config(bus: Bus, metadata: dict[str, str] | None = None) -> api.StreamConfig:
+def _stream_config(bus: Bus, metadata: dict[str, str] | None = None, first_seq: int | None = None) -> api.StreamConfig:
     return api.StreamConfig(
         name=bus.subjects.stream,
         subjects=bus.subjects.event_subjects(),
@@ -79,14 +79,16 @@ def _stream_config(bus: Bus, metadata: dict[str, str] | None = None) -> api.Stre
         allow_direct=True,
         description=f"gpuledger allocation log of node {bus.subjects.node}; seq == log seq",
         metadata=metadata,
+        first_seq=first_seq,
     )
 
 
-async def ensure_stream(bus: Bus) -> api.StreamInfo:
-    """Create (or widen) the node's stream: file storage, no deletes, no purges, no limits."""
+async def ensure_stream(bus: Bus, *, first_seq: int | None = None) -> api.StreamInfo:
+    """Create (or widen) the node's stream: file storage, no deletes, no purges, no limits.
+    ``first_seq``: where a stream created now starts (a log whose older events were archived)."""
     js = bus.js
     subjects = bus.subjects.event_subjects()
-    config = _stream_config(bus)
+    config = _stream_config(bus, first_seq=first_seq)
     try:
         info = await honour_cancel(js.stream_info(config.name))
     except NotFoundError:
@@ -224,9 +226,7 @@ class Relay:
             await honour_cancel(js.delete_stream(subjects.stream))
         oldest = await self.event_log.read_after(0, 1)
         first = oldest[0].seq if oldest else 1
-        config = _stream_config(self.bus, {REBUILT_METADATA: f"{at} {cause}"})
-        if first > 1:
-            config.first_seq = first
+        config = _stream_config(self.bus, {REBUILT_METADATA: f"{at} {cause}"}, first if first > 1 else None)
         await honour_cancel(js.add_stream(config))
         self.rebuilds += 1
         notice = StreamRebuilt(node=subjects.node, stream=subjects.stream, cause=cause,
