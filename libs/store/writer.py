@@ -231,22 +231,8 @@ class LogWriter:
                         results.append(earlier)
                         continue
                 mark = (seq, at, prev, dict(versions))
-                rows: list[tuple[object, ...]] = []
-                stored: list[StoredEvent] = []
                 try:
-                    for ev in req.events:
-                        seq += 1
-                        at = max(self._clock(), at)
-                        stream = ev.stream()
-                        version = (versions.get(stream) or self._stream_version(stream)) + 1
-                        versions[stream] = version
-                        event_id = uuid.uuid4().bytes
-                        row = event_row(seq, at, stream, version, ev, event_id, req.command_id, self._settings)
-                        prev = chain_hash(prev, row)
-                        rows.append((*row, prev))
-                        stored.append(StoredEvent(seq=seq, recorded_at=at, stream_id=stream, version=version,
-                                                  event_id=event_id.hex(), command_id=req.command_id, event=ev,
-                                                  row_hash=prev.hex()))
+                    rows, stored, seq, at, prev = self._encode(req, seq, at, prev, versions)
                 except sqlite3.DatabaseError:
                     raise
                 except Exception as exc:  # an event that cannot be encoded fails its own append, not the writer
@@ -282,6 +268,27 @@ class LogWriter:
         self.last_seq, self._last_at, self._last_hash = seq, at, prev
         self._versions.update(versions)
         return results, fresh
+
+    def _encode(self, req: _Request, seq: int, at: int, prev: bytes, versions: dict[str, int]
+                ) -> tuple[list[tuple[object, ...]], list[StoredEvent], int, int, bytes]:
+        """``req``'s rows (each with its chain hash) and stored events, numbered on from ``seq``, and the
+        seq, time and hash after them; the stream versions they take are written into ``versions``."""
+        rows: list[tuple[object, ...]] = []
+        stored: list[StoredEvent] = []
+        for ev in req.events:
+            seq += 1
+            at = max(self._clock(), at)
+            stream = ev.stream()
+            version = (versions.get(stream) or self._stream_version(stream)) + 1
+            versions[stream] = version
+            event_id = uuid.uuid4().bytes
+            row = event_row(seq, at, stream, version, ev, event_id, req.command_id, self._settings)
+            prev = chain_hash(prev, row)
+            rows.append((*row, prev))
+            stored.append(StoredEvent(seq=seq, recorded_at=at, stream_id=stream, version=version,
+                                      event_id=event_id.hex(), command_id=req.command_id, event=ev,
+                                      row_hash=prev.hex()))
+        return rows, stored, seq, at, prev
 
     def _find_command(self, command_id: str) -> list[StoredEvent]:
         assert self._conn
