@@ -163,11 +163,11 @@ def main() -> None:
         first = measure(gpuledger, work, api, sim.pid, settle=args.settle, seconds=args.seconds)
         rows = measure(gpuledger, work, api, sim.pid, settle=args.settle, seconds=args.seconds)
     except BaseException:
-        stop(sim, signal.SIGTERM)
         print(f"the services' logs: {work / 'logs.txt'}", file=sys.stderr)  # kept for a failed run only
         raise
-    stop(sim, signal.SIGTERM)
-    quiet["stderr"].close()
+    finally:
+        stop(sim, signal.SIGTERM)
+        quiet["stderr"].close()
     shutil.rmtree(work, ignore_errors=True)
     total, first_total = totals(rows), totals(first)
     load = os.getloadavg()
