@@ -4,6 +4,7 @@ payload that does not decode is logged and skipped, and the next good one still 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import msgspec
 import nats
@@ -28,9 +29,11 @@ def _stored(seq: int, event: AllocationReleased | GpuHealthChanged) -> StoredEve
 
 
 async def _collect(received: list, count: int) -> None:
-    async with asyncio.timeout(5):
-        while len(received) < count:  # noqa: ASYNC110 (filled by the subscription's callback)
-            await asyncio.sleep(0.01)
+    """Wait (5 s at most) for ``count`` deliveries; the caller's assertion then says what is missing."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            while len(received) < count:  # noqa: ASYNC110 (filled by the subscription's callback)
+                await asyncio.sleep(0.01)
 
 
 async def test_subscribe_decodes_into_the_type_and_skips_what_does_not_decode(nats_server: NatsServer) -> None:
@@ -54,7 +57,7 @@ async def test_subscribe_decodes_into_the_type_and_skips_what_does_not_decode(na
     finally:
         await publisher.close()
         await bus.close()
-    assert received == [_pod_changed("good")]
+    assert received == [_pod_changed("good")], f"logged meanwhile: {logs}"
     skipped = [e for e in logs if e["event"] == "unreadable message"]
     assert [(e["subject"], e["type"], e["log_level"]) for e in skipped] == [
         (bus.subjects.pod_fact("added"), "PodChanged", "warning")] * 2
@@ -83,10 +86,13 @@ async def test_subscribe_events_hands_over_stored_events(nats_server: NatsServer
             await publisher.publish(bus.subjects.event(health.type), msgspec.json.encode(to_record(health)))
             await publisher.flush()
             await _collect(received, 2)
+            delivered = bus._nc.stats["in_msgs"]  # what reached this client, decodable or not
     finally:
         await publisher.close()
         await bus.close()
-    assert received == [released, health]
+    # CI once saw only the second event arrive within 5 s (not reproduced in 200 runs, loaded or not):
+    # the message says whether the first never reached the client or reached it and was dropped here.
+    assert received == [released, health], f"{delivered} of 4 messages delivered; logged meanwhile: {logs}"
     skipped = [e for e in logs if e["event"] == "unreadable event"]
     assert [e["subject"] for e in skipped] == [bus.subjects.event("alloc.released")] * 2
     assert "alloc.teleported" in skipped[1]["error"]
