@@ -54,7 +54,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         names = ContainerNames(bus, timeout=settings.request_timeout, runtime=runtime)
         registrations = VDeviceRegistrations(state, names, lookup_patience=settings.request_timeout,
                                              cgroup_root=Path(settings.cgroup_root))
-        callers = Callers()
+        callers = Callers(look_ahead=registrations.look_ahead)
         hami = settings.limit_delivery == "hami-core"
         if hami:
             prepare_node(settings.hami_preload, settings.hami_mount_dir, Path(settings.hami_lock_dir),

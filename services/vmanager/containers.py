@@ -58,14 +58,23 @@ class ContainerNames:
         self.runtime = runtime
         self.resolved: Counter[str] = Counter()  # via -> names found (the vmanager's metrics)
 
-    async def lookup(self, pod_uid: str, container_id: str, *, patience: float) -> ContainerRef:
+    async def lookup(self, pod_uid: str, container_id: str, *, patience: float,
+                     runtime_answer: asyncio.Future[ContainerRef | None] | None = None) -> ContainerRef:
         """The container's name (and pod QoS class from the watchdog); the runtime first when configured,
-        then the pod's status, retried for up to ``patience`` seconds while it lacks the id."""
+        then the pod's status, retried for up to ``patience`` seconds while it lacks the id.
+        ``runtime_answer``: the runtime was asked already (its answer is shared, not consumed)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(patience, 0.0)
         if self.runtime is not None:
             # Half the patience at most: a silent runtime leaves the watchdog time to answer.
-            ref = await self.runtime.lookup(pod_uid, container_id, timeout=max(patience, 0.0) / 2)
+            wait = max(patience, 0.0) / 2
+            if runtime_answer is None:
+                ref = await self.runtime.lookup(pod_uid, container_id, timeout=wait)
+            else:
+                try:
+                    ref = await asyncio.wait_for(asyncio.shield(runtime_answer), wait)
+                except TimeoutError:
+                    ref = None
             if ref is not None:
                 self.resolved[ref.via] += 1
                 return ref

@@ -27,6 +27,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from libs.cgroups import AmbiguousCgroup, CgroupOwner, owner_of_process
 from libs.logger import get_logger
@@ -59,19 +60,37 @@ class Caller:
 
 
 class Callers:
-    """Verdicts by the backend peer name the servicer sees."""
+    """Verdicts by the backend peer name the servicer sees, and what is looked up ahead for them.
 
-    def __init__(self) -> None:
+    ``look_ahead`` may start work for a caller as soon as the gate has checked it, so that it runs
+    while the caller's gRPC request is still on its way through the gate; it lasts as long as the
+    connection."""
+
+    def __init__(self, look_ahead: Callable[[Caller], asyncio.Future[Any] | None] | None = None) -> None:
         self._by_peer: dict[str, Caller] = {}
+        self._look_ahead = look_ahead
+        self._ahead: dict[str, asyncio.Future[Any]] = {}
 
     def get(self, peer: str) -> Caller | None:
         return self._by_peer.get(peer)
 
+    def ahead(self, peer: str) -> asyncio.Future[Any] | None:
+        """What ``look_ahead`` started for ``peer``'s caller, if anything."""
+        return self._ahead.get(peer)
+
     def add(self, peer: str, caller: Caller) -> None:
         self._by_peer[peer] = caller
+        started = self._look_ahead(caller) if self._look_ahead is not None else None
+        if started is not None:
+            self._ahead[peer] = started
 
     def drop(self, peer: str) -> None:
         self._by_peer.pop(peer, None)
+        ahead = self._ahead.pop(peer, None)
+        if ahead is not None:
+            if ahead.done() and not ahead.cancelled():
+                ahead.exception()  # looked at: a failure nobody asked for is not "never retrieved"
+            ahead.cancel()
 
     def __len__(self) -> int:
         return len(self._by_peer)

@@ -86,9 +86,11 @@ class VDeviceRegistrations:
         return held[-1] if held else None  # the newest grant wins
 
     async def register(
-        self, caller: Caller, pod_dir: Path, req: pb.VDeviceRequest, *, time_left: float | None = None
+        self, caller: Caller, pod_dir: Path, req: pb.VDeviceRequest, *, time_left: float | None = None,
+        ahead: asyncio.Future[ContainerRef | None] | None = None,
     ) -> Bound:
-        """What was written, or RegisterError."""
+        """What was written, or RegisterError. ``ahead``: the runtime's answer for the caller's own
+        container, asked since the gate admitted it (``look_ahead``)."""
         pod_uid = caller.pod_uid
         own_id = caller.owner.container_id if caller.owner else None
         if not is_pod_uid(req.pod_uid):
@@ -113,7 +115,7 @@ class VDeviceRegistrations:
                     f"caller pid {caller.pid} is container {own_id}; it may not register container "
                     f"{req.container_id}"))
             entry = container_id = req.container_id
-            ref = await self._name_of(pod_uid, entry, time_left)
+            ref = await self._name_of(pod_uid, entry, time_left, ahead if own_id == entry else None)
             name = ref.name
         else:
             raise _invalid("give exactly one of container_id and container_name; both are empty")
@@ -178,12 +180,22 @@ class VDeviceRegistrations:
             _logger.warning("cannot read the container's cgroup", container_id=container_id, error=str(exc))
             return []
 
-    async def _name_of(self, pod_uid: str, container_id: str, time_left: float | None) -> ContainerRef:
+    def look_ahead(self, caller: Caller) -> asyncio.Future[ContainerRef | None] | None:
+        """Ask the runtime for the name of the caller's own container before its request arrives (the
+        caller may register no other container: ``register``); one local call, no retries."""
+        runtime = self.names.runtime
+        if runtime is None or caller.refusal is not None or caller.owner is None or not caller.owner.container_id:
+            return None
+        return asyncio.ensure_future(
+            runtime.lookup(caller.pod_uid, caller.owner.container_id, timeout=self.lookup_patience / 2))
+
+    async def _name_of(self, pod_uid: str, container_id: str, time_left: float | None,
+                       ahead: asyncio.Future[ContainerRef | None] | None) -> ContainerRef:
         patience = self.lookup_patience
         if time_left is not None:
             patience = min(patience, time_left - _DEADLINE_MARGIN)
         try:
-            return await self.names.lookup(pod_uid, container_id, patience=patience)
+            return await self.names.lookup(pod_uid, container_id, patience=patience, runtime_answer=ahead)
         except ContainerUnknown as exc:
             raise RegisterError(grpc.StatusCode.NOT_FOUND, str(exc)) from exc
         except WatchdogUnavailable as exc:
@@ -209,7 +221,8 @@ class VcudaServicer(pb_grpc.VCUDAServiceServicer):
             if caller.refusal is not None:
                 raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, caller.refusal)
             bound = await self.registrations.register(
-                caller, self.vm_root / caller.directory_name, request, time_left=context.time_remaining()
+                caller, self.vm_root / caller.directory_name, request, time_left=context.time_remaining(),
+                ahead=self.callers.ahead(context.peer()),
             )
         except RegisterError as exc:
             _logger.warning("registration refused", pod_uid=caller.pod_uid if caller else None,

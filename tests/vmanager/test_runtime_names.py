@@ -7,6 +7,7 @@ project's own stubs); the vmanager, its ledger and the watchdog's subject are th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,8 +16,9 @@ import pytest
 
 from libs.bus import Bus
 from libs.config import Settings
-from libs.vcuda import VcudaClientError
+from libs.vcuda import VcudaClientError, register_vdevice
 from services.vmanager.metrics import VmanagerCollector
+from tests.builders.cgroups import enter_container
 from tests.vmanager.helpers import (
     BLOCK,
     FakeRuntime,
@@ -78,6 +80,38 @@ async def test_a_container_of_another_pod_is_refused_by_the_runtime(
         assert err.value.code == grpc.StatusCode.NOT_FOUND
         assert f"is a container of pod {other}" in str(err.value)
         assert not (settings.vm_root / uid / cid).exists()
+
+
+async def test_the_runtime_is_asked_when_an_admitted_caller_connects(
+    settings: Settings, ledger: Ledger, watchdog: FakeWatchdog, client_bus: Bus, runtime: FakeRuntime
+) -> None:
+    # The gate asks for the caller's own container as soon as it has admitted the connection, while
+    # the request is still on its way; the registration then uses that answer instead of asking again.
+    uid, other, cid, stranger = new_pod_uid(), new_pod_uid(), new_container_id(), new_container_id()
+    runtime.add(cid, "trainer", uid)
+    async with running_vmanager(with_runtime(settings, runtime.socket)) as svc:
+        sock = await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30, memory=3 * BLOCK))
+        enter_container(sock.parents[2], uid, cid)
+        _reader, writer = await asyncio.open_unix_connection(str(sock))  # connected, nothing sent
+        try:
+            async with asyncio.timeout(5):
+                while runtime.calls != [cid]:  # noqa: ASYNC110 (the fake runtime records the call)
+                    await asyncio.sleep(0.01)
+        finally:
+            writer.close()
+        await register(sock, pod_uid=uid, container_id=cid, timeout=5)  # a new connection: one more call
+        assert runtime.calls == [cid, cid]
+        assert svc.registrations.names.resolved == {"runtime": 1}
+
+        # A caller the gate refuses (another pod's process) starts nothing.
+        enter_container(sock.parents[2], other, stranger)
+        _reader, writer = await asyncio.open_unix_connection(str(sock))
+        writer.close()
+        with pytest.raises(VcudaClientError) as err:
+            await register_vdevice(str(sock), pod_uid=uid, container_id=stranger, timeout=5)
+        assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert runtime.calls == [cid, cid]
+        assert watchdog.calls == []
 
 
 @pytest.mark.parametrize("trouble", ["absent", "slow", "unknown container", "no kubelet labels"])
