@@ -1,4 +1,4 @@
-"""The log's format version, apart from the SQLAlchemy schema: checking it needs no SQLAlchemy.
+"""The log's format version, in a module of its own: whoever checks a format needs nothing else.
 
 Format 1 stored every column as its readers see it (``stream_id`` and ``type`` as text, an index per
 key). Format 2 (docs/compact-log.md, "Rows") stores the same rows smaller in the table ``rows``, and

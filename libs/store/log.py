@@ -15,7 +15,6 @@ import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from libs.errors import StartRefused, StoreError
 from libs.events.codec import StoredEvent
@@ -24,10 +23,8 @@ from libs.placement.recorded import ResponseSettings
 from libs.store.format import LOG_FORMAT_VERSION, READABLE_FORMATS
 from libs.store.queries import LogQueries
 from libs.store.replay import replay, unreadable
+from libs.store.schema import CATALOG_DDL, FORMAT_2_DDL, archive_triggers
 from libs.store.writer import LogWriter, connect
-
-if TYPE_CHECKING:
-    from sqlalchemy import Connection
 
 __all__ = ["EventLog", "create_schema", "writer_lock"]
 
@@ -37,43 +34,41 @@ def create_schema(path: Path) -> None:
     read and appended to in its own format (``libs.store.layout``); another format is refused."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        conn = connect(path)  # WAL is persistent: set it before SQLAlchemy opens the file
+        conn = connect(path)  # WAL is persistent: set before anything is written
         try:
             found = _format_of(conn)
             if found in READABLE_FORMATS and _archiving_guarded(conn):
-                return  # created before, in a format read here: nothing to do, and no SQLAlchemy to load
+                return  # created before, in a format read here: nothing to do
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                _create(conn, path)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
         raise unreadable(path, exc) from exc
-    # Only a new log needs the declared schema: SQLAlchemy is imported here, not by every reader.
-    import sqlalchemy.exc
-    from sqlalchemy import create_engine, insert, select
 
-    from libs.store.schema import FORMAT_2_DDL, archive_triggers, meta, metadata
 
-    engine = create_engine(f"sqlite:///{path}")
-    try:
-        with engine.begin() as conn:
-            has_events = conn.exec_driver_sql(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'").scalar() is not None
-            metadata.create_all(conn, checkfirst=True)
-            found = conn.execute(select(meta.c.value).where(meta.c.key == "format")).scalar()
-            if found is None and has_events:
-                found = "1"  # a format 1 log written before ``meta`` recorded the format
-            if found is None:
-                for ddl in FORMAT_2_DDL:
-                    conn.exec_driver_sql(ddl)
-                conn.execute(insert(meta).values(key="format", value=LOG_FORMAT_VERSION))
-                found = LOG_FORMAT_VERSION
-            elif found not in READABLE_FORMATS:
-                raise StoreError(f"{path} is log format {found}; this gpuledger reads formats "
-                                 f"{', '.join(READABLE_FORMATS)}")
-            _guard_archiving(conn, archive_triggers("events" if found == "1" else "rows"))
-    except sqlalchemy.exc.DatabaseError as exc:
-        raise unreadable(path, exc.orig) from exc  # type: ignore[arg-type]
-    finally:
-        engine.dispose()
+def _create(conn: sqlite3.Connection, path: Path) -> None:
+    """Inside one transaction: the catalog, then a new log's rows, or an older log's missing guards."""
+    has_events = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'").fetchone() is not None
+    for ddl in CATALOG_DDL:
+        conn.execute(ddl)
+    found = _format_of(conn)
+    if found is None and has_events:
+        found = "1"  # a format 1 log written before ``meta`` recorded the format
+    if found is None:
+        for ddl in FORMAT_2_DDL:
+            conn.execute(ddl)
+        conn.execute("INSERT INTO meta (key, value) VALUES ('format', ?)", (LOG_FORMAT_VERSION,))
+        found = LOG_FORMAT_VERSION
+    elif found not in READABLE_FORMATS:
+        raise StoreError(f"{path} is log format {found}; this gpuledger reads formats {', '.join(READABLE_FORMATS)}")
+    _guard_archiving(conn, archive_triggers("events" if found == "1" else "rows"))
 
 
 def _format_of(conn: sqlite3.Connection) -> str | None:
@@ -92,18 +87,17 @@ def _archiving_guarded(conn: sqlite3.Connection) -> bool:
     return has_catalog and row is not None and "archive_segments" in row[0]
 
 
-def _guard_archiving(conn: Connection, triggers: Sequence[str]) -> None:
+def _guard_archiving(conn: sqlite3.Connection, triggers: Sequence[str]) -> None:
     """The archive catalog's triggers, and DELETE allowed only for archived rows (schema.py).
 
     A log written before archiving existed has an unconditional DELETE trigger: it is replaced, in
     the same transaction, by the guarded one (still refusing every DELETE until a segment is recorded).
     """
-    old = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_no_delete'")
-    sql = old.scalar()
-    if sql is not None and "archive_segments" not in sql:
-        conn.exec_driver_sql("DROP TRIGGER events_no_delete")
+    old = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_no_delete'").fetchone()
+    if old is not None and "archive_segments" not in old[0]:
+        conn.execute("DROP TRIGGER events_no_delete")
     for ddl in triggers:
-        conn.exec_driver_sql(ddl)
+        conn.execute(ddl)
 
 
 def writer_lock(path: Path) -> int:

@@ -1,5 +1,10 @@
-"""The allocation log's tables: ``meta`` and the archive catalog declared with SQLAlchemy Core, the rows
-(format 2, ``FORMAT_2_DDL``) and every guard as SQL.
+"""The allocation log's tables, views and guards, as SQL: ``CATALOG_DDL`` (``meta`` and the archive
+catalog, in every format), the rows (format 2, ``FORMAT_2_DDL``) and every guard.
+
+Plain SQL run through ``sqlite3``, as the writer and the readers are: creating a log needs nothing
+else loaded, so a node's allocator never carries SQLAlchemy (about 12 MB of RSS), not even on the start
+that creates its log (docs/benchmarks.md, the footprint). SQLAlchemy is the fleet recorder's, where
+one schema serves SQLite and PostgreSQL.
 
 The invariants are enforced by SQLite itself, not only by our writer:
 - append-only: UPDATE on the rows aborts, and so does DELETE, except of the oldest row when an archive
@@ -14,38 +19,26 @@ edited, removed or reordered row can be detected later.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Integer, LargeBinary, MetaData, Table, Text
-
 from libs.store.format import LOG_FORMAT_VERSION
 
-__all__ = ["FORMAT_1_DDL", "FORMAT_2_DDL", "LOG_FORMAT_VERSION", "archive_segments", "archive_triggers", "meta",
-           "metadata"]
+__all__ = ["CATALOG_DDL", "FORMAT_1_DDL", "FORMAT_2_DDL", "LOG_FORMAT_VERSION", "archive_triggers"]
 
-metadata = MetaData()
-
-meta = Table(
-    "meta",
-    metadata,
-    Column("key", Text, primary_key=True),
-    Column("value", Text, nullable=False),
-    sqlite_strict=True,
-)
-
-# The catalog of archive segments (libs/store/archive.py): one row per segment, in seq order. It is
-# what lets rows leave the live log, and what ``audit verify`` checks the segment files against.
-archive_segments = Table(
-    "archive_segments",
-    metadata,
-    Column("first_seq", Integer, primary_key=True, autoincrement=False),
-    Column("last_seq", Integer, nullable=False),
-    Column("first_at", Integer, nullable=False),   # recorded_at of the first and last rows (unix ns)
-    Column("last_at", Integer, nullable=False),
-    Column("prev_hash", LargeBinary, nullable=False),  # the chain hash before first_seq
-    Column("last_hash", LargeBinary, nullable=False),  # the chain hash at last_seq
-    Column("file", Text, nullable=False),
-    Column("sha256", LargeBinary, nullable=False),     # of the compressed file, as written
-    Column("archived_at", Integer, nullable=False),
-    sqlite_strict=True,
+# In every format: the log's own facts (``format``) and the catalog of archive segments
+# (libs/store/archive.py): one row per segment, in seq order. The catalog is what lets rows leave
+# the live log, and what ``audit verify`` checks the segment files against.
+CATALOG_DDL = (
+    """CREATE TABLE IF NOT EXISTS meta ("key" TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY ("key")) STRICT""",
+    """CREATE TABLE IF NOT EXISTS archive_segments (
+       first_seq INTEGER NOT NULL,
+       last_seq INTEGER NOT NULL,
+       first_at INTEGER NOT NULL,   -- recorded_at of the first and last rows (unix ns)
+       last_at INTEGER NOT NULL,
+       prev_hash BLOB NOT NULL,     -- the chain hash before first_seq
+       last_hash BLOB NOT NULL,     -- the chain hash at last_seq
+       file TEXT NOT NULL,
+       sha256 BLOB NOT NULL,        -- of the compressed file, as written
+       archived_at INTEGER NOT NULL,
+       PRIMARY KEY (first_seq)) STRICT""",
 )
 
 # Guards on the catalog and the one controlled way out of the rows. DELETE is allowed only for the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +25,6 @@ RULES = {
     "services.registrar.app": (*EVERY_SERVICE, "lightkube", *GPU_BACKENDS, "yaml"),
     "services.vmanager.app": (*EVERY_SERVICE, "lightkube", *GPU_BACKENDS, "yaml"),
     "services.watchdog.app": EVERY_SERVICE,
-    # the allocator creates the log's schema with SQLAlchemy, but only when the log is new
     "services.allocator.app": EVERY_SERVICE,
     # `gpuledger run` starts a service without the rest of the CLI
     "gpuledger.run_cmd": ("gpuledger.cli", "simulator", "sqlalchemy", "lightkube", "elftools", "aiohttp", "yaml"),
@@ -39,6 +39,21 @@ def test_a_service_does_not_import_what_it_does_not_use(module: str) -> None:
             f"print(' '.join(m for m in {RULES[module]!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == [], f"{module} imports {out.stdout.strip()}"
+
+
+def test_creating_a_log_loads_no_sqlalchemy(tmp_path: Path) -> None:
+    # The start that creates a node's log is the allocator's first: the log's schema is plain SQL
+    # (libs/store/schema.py), so that start idles as small as every later one.
+    code = ("import asyncio, sys\n"
+            "from libs.store import EventLog\n"
+            "async def main():\n"
+            f"    log = await EventLog.open({str(tmp_path / 'events.db')!r})\n"
+            "    await log.close()\n"
+            "asyncio.run(main())\n"
+            "print('sqlalchemy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False"]
+    assert (tmp_path / "events.db").stat().st_size > 0
 
 
 def test_nats_is_imported_without_aiohttp_yet_aiohttp_stays_importable() -> None:
