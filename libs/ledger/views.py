@@ -35,7 +35,6 @@ from libs.events.schema import (
 )
 from libs.ledger.rules import health_reason
 from libs.store.compact import COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES, COMPACT_V3, PackedShare, reason_text, share_of
-from libs.store.layout import layout_of
 from libs.store.packed import hex_text, uuid_text
 from libs.store.replay import LogReader, iter_row_chunks
 from libs.store.rows import COLUMNS, row_to_stored
@@ -268,12 +267,13 @@ def iter_views(
     """(seq, recorded_at, view) in seq order; types without a view come as a full ``StoredEvent``."""
     # Only the columns the views need: each extra column costs ~10% of the scan. The rare row that
     # needs the full decode (an old schema version, a type without a view) is read again by seq.
-    # Types are looked up by what the row stores (format 2: an id, named here once, not in each row).
+    # Types are looked up by what the row stores: a log reader's live format 2 rows an id, named here
+    # once, not in each row; archived rows and any other connection's ``events`` the name itself.
     # A type added after this read has no entry: its rows take the full decode below, as correct.
     decoders: dict[tuple[int | str, int], object] = dict(VIEW_DECODERS)
-    layout = conn.layout if isinstance(conn, LogReader) else layout_of(conn)
-    for type_id, name in layout.type_names(conn).items():
-        decoders.update({(type_id, v): decode for (n, v), decode in VIEW_DECODERS.items() if n == name})
+    if isinstance(conn, LogReader):
+        for type_id, name in conn.layout.type_names(conn).items():
+            decoders.update({(type_id, v): decode for (n, v), decode in VIEW_DECODERS.items() if n == name})
     for rows in iter_row_chunks(
         conn, "seq, recorded_at, type_code, schema_v, payload", after_seq=after_seq, upto_seq=upto_seq
     ):
