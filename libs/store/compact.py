@@ -408,8 +408,9 @@ def decode_ids(runs: tuple[int, ...], perm: bytes | tuple[int, ...], bits: bytes
         start, count = runs
         ordered = _id_texts(start + count)[start:start + count]
     else:
-        texts = _id_texts(max(s + c for s, c in zip(runs[::2], runs[1::2], strict=True)))
-        ordered = [t for s, c in zip(runs[::2], runs[1::2], strict=True) for t in texts[s:s + c]]
+        pairs = list(zip(runs[::2], runs[1::2], strict=True))
+        texts = _id_texts(max(s + c for s, c in pairs))
+        ordered = [t for s, c in pairs for t in texts[s:s + c]]
     if not perm:
         return tuple(ordered)
     return tuple([ordered[i] for i in perm])
