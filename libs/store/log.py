@@ -58,7 +58,7 @@ def _create(conn: sqlite3.Connection, path: Path) -> None:
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'").fetchone() is not None
     for ddl in CATALOG_DDL:
         conn.execute(ddl)
-    found = _format_of(conn)
+    found = _format_of(conn)  # again, under the write lock: another creator may have been first
     if found is None and has_events:
         found = "1"  # a format 1 log written before ``meta`` recorded the format
     if found is None:
