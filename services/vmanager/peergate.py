@@ -25,7 +25,7 @@ import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,8 @@ class Caller:
     owner: CgroupOwner | None
     refusal: str | None = None
     served: str = ""  # the directory whose socket was called: the pod's, or a shared claim's
+    # What ``Callers``' look-ahead started for this connection (it lasts as long as the connection).
+    ahead: asyncio.Future[Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def directory_name(self) -> str:
@@ -69,24 +71,17 @@ class Callers:
     def __init__(self, look_ahead: Callable[[Caller], asyncio.Future[Any] | None] | None = None) -> None:
         self._by_peer: dict[str, Caller] = {}
         self._look_ahead = look_ahead
-        self._ahead: dict[str, asyncio.Future[Any]] = {}
 
     def get(self, peer: str) -> Caller | None:
         return self._by_peer.get(peer)
 
-    def ahead(self, peer: str) -> asyncio.Future[Any] | None:
-        """What ``look_ahead`` started for ``peer``'s caller, if anything."""
-        return self._ahead.get(peer)
-
     def add(self, peer: str, caller: Caller) -> None:
-        self._by_peer[peer] = caller
         started = self._look_ahead(caller) if self._look_ahead is not None else None
-        if started is not None:
-            self._ahead[peer] = started
+        self._by_peer[peer] = caller if started is None else replace(caller, ahead=started)
 
     def drop(self, peer: str) -> None:
-        self._by_peer.pop(peer, None)
-        ahead = self._ahead.pop(peer, None)
+        caller = self._by_peer.pop(peer, None)
+        ahead = caller.ahead if caller is not None else None
         if ahead is not None:
             if ahead.done() and not ahead.cancelled():
                 ahead.exception()  # looked at: a failure nobody asked for is not "never retrieved"

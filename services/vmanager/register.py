@@ -86,11 +86,9 @@ class VDeviceRegistrations:
         return held[-1] if held else None  # the newest grant wins
 
     async def register(
-        self, caller: Caller, pod_dir: Path, req: pb.VDeviceRequest, *, time_left: float | None = None,
-        ahead: asyncio.Future[ContainerRef | None] | None = None,
+        self, caller: Caller, pod_dir: Path, req: pb.VDeviceRequest, *, time_left: float | None = None
     ) -> Bound:
-        """What was written, or RegisterError. ``ahead``: the runtime's answer for the caller's own
-        container, asked since the gate admitted it (``look_ahead``)."""
+        """What was written, or RegisterError."""
         pod_uid = caller.pod_uid
         own_id = caller.owner.container_id if caller.owner else None
         if not is_pod_uid(req.pod_uid):
@@ -115,7 +113,9 @@ class VDeviceRegistrations:
                     f"caller pid {caller.pid} is container {own_id}; it may not register container "
                     f"{req.container_id}"))
             entry = container_id = req.container_id
-            ref = await self._name_of(pod_uid, entry, time_left, ahead if own_id == entry else None)
+            # caller.ahead: the runtime's answer for the caller's own container (``look_ahead``), which
+            # is this one when there is an answer: an id other than its own was refused just above.
+            ref = await self._name_of(pod_uid, entry, time_left, caller.ahead)
             name = ref.name
         else:
             raise _invalid("give exactly one of container_id and container_name; both are empty")
@@ -221,8 +221,7 @@ class VcudaServicer(pb_grpc.VCUDAServiceServicer):
             if caller.refusal is not None:
                 raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, caller.refusal)
             bound = await self.registrations.register(
-                caller, self.vm_root / caller.directory_name, request, time_left=context.time_remaining(),
-                ahead=self.callers.ahead(context.peer()),
+                caller, self.vm_root / caller.directory_name, request, time_left=context.time_remaining()
             )
         except RegisterError as exc:
             _logger.warning("registration refused", pod_uid=caller.pod_uid if caller else None,
