@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -25,21 +25,42 @@ _GO_CODE_NAMES = {grpc.StatusCode.CANCELLED: "Canceled"}
 
 @dataclass
 class RpcCall:
+    """One call. Its request and response are kept as the messages themselves and turned into dicts
+    when first read: a kubelet keeps no such record, so converting (``MessageToDict`` is slow) must
+    not sit inside a call's timed window or delay what the simulated kubelet serves."""
+
     method: str  # "Register", "Allocate", "List", ...
     resource: str  # resource name for device-plugin calls, "" for PodResources
-    request: dict[str, Any]
+    raw_request: Message | dict[str, Any]
     peer: str = ""  # the socket the call went to or came in on
-    response: dict[str, Any] | None = None
+    raw_response: Message | dict[str, Any] | None = None
     error: str | None = None
     start: float = field(default_factory=time.monotonic)
     end: float | None = None
+
+    @property
+    def request(self) -> dict[str, Any]:
+        if isinstance(self.raw_request, Message):
+            self.raw_request = message_dict(self.raw_request)
+        return self.raw_request
+
+    @property
+    def response(self) -> dict[str, Any] | None:
+        if isinstance(self.raw_response, Message):
+            self.raw_response = message_dict(self.raw_response)
+        return self.raw_response
+
+    @response.setter
+    def response(self, value: Message | dict[str, Any] | None) -> None:
+        self.raw_response = value
 
     @property
     def ok(self) -> bool:
         return self.end is not None and self.error is None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"method": self.method, "resource": self.resource, "request": self.request, "peer": self.peer,
+                "response": self.response, "error": self.error, "start": self.start, "end": self.end}
 
 
 def message_dict(msg: Message) -> dict[str, Any]:
@@ -72,8 +93,7 @@ class CallLog:
         self.calls: list[RpcCall] = []
 
     def begin(self, method: str, resource: str, request: Message | dict[str, Any], peer: str = "") -> RpcCall:
-        req = request if isinstance(request, dict) else message_dict(request)
-        call = RpcCall(method=method, resource=resource, request=req, peer=peer)
+        call = RpcCall(method=method, resource=resource, raw_request=request, peer=peer)
         self.calls.append(call)
         return call
 

@@ -178,7 +178,7 @@ class Endpoint:
         with self._calls.record("Allocate", self.resource, req, self.socket) as rec:
             stub = self._stub()
             resp = await bounded(stub.Allocate(req), timeout, "Allocate")
-            rec.response = message_dict(resp)
+            rec.response = resp
             return resp
 
     async def get_preferred_allocation(
@@ -194,7 +194,7 @@ class Endpoint:
         with self._calls.record("GetPreferredAllocation", self.resource, req, self.socket) as rec:
             stub = self._stub()
             resp = await bounded(stub.GetPreferredAllocation(req), timeout, "GetPreferredAllocation")
-            rec.response = message_dict(resp)
+            rec.response = resp
             return resp
 
     async def pre_start_container(self, ids: list[str], timeout: float) -> dp.PreStartContainerResponse:
@@ -203,5 +203,5 @@ class Endpoint:
             stub = self._stub()
             # A real deadline this time: the kubelet sends one (30 s).
             resp = await unary(stub.PreStartContainer(req, timeout=timeout))
-            rec.response = message_dict(resp)
+            rec.response = resp
             return resp

@@ -18,7 +18,7 @@ import grpc.aio
 from libs.kubelet.podresources.v1 import api_pb2 as pr
 from libs.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 
-from .calls import CallLog, RpcCall, message_dict
+from .calls import CallLog, RpcCall
 from .devicemanager import DeviceManager
 from .kubelet import Kubelet
 from .logger import logger
@@ -115,7 +115,7 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
                 pod_resources=[self._pod_resources(p) for p in self._kubelet.active_pods()
                                if pod_uid(p) in self._kubelet.known]
             )
-            rec.response = message_dict(resp)
+            rec.response = resp
             return resp
 
     async def GetAllocatableResources(
@@ -130,7 +130,7 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
                     devices.append(pr.ContainerDevices(resource_name=resource, device_ids=[dev_id],
                                                        topology=_topology(node_set)))
             resp = pr.AllocatableResourcesResponse(devices=devices)
-            rec.response = message_dict(resp)
+            rec.response = resp
             return resp
 
     async def Get(
@@ -144,5 +144,5 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
                 rec.error = error
                 await context.abort(grpc.StatusCode.UNKNOWN, error)
             resp = pr.GetPodResourcesResponse(pod_resources=self._pod_resources(pod))
-            rec.response = message_dict(resp)
+            rec.response = resp
             return resp
