@@ -25,7 +25,7 @@ from libs.config import MEMORY_BLOCK, Settings
 from libs.errors import BusError
 from libs.events.codec import EventRecord
 from libs.events.subjects import Subjects
-from libs.kube.pods import RESOURCE_VCORE
+from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from libs.ledger.state import LedgerSnapshot
@@ -114,6 +114,18 @@ async def base_node(stack: AsyncExitStack, root: Path, url: str, settings: Setti
     return Node(sim=sim, settings=settings, bus=bus, tap=tap)
 
 
+async def wait_for_gpu_resources(sim: NodeSimulator, vcore: int, timeout: float) -> None:
+    """The kubelet advertises ``vcore`` vcore devices and some vmemory: both plugins' ListAndWatch are in.
+    A pod admitted while vmemory is registered but not yet advertised gets no vmemory devices (and its
+    grant is never settled: the kubelet's count differs from the pod spec's), which is not what a
+    test of a started node means to run."""
+    await sim.wait_for_resource(RESOURCE_VCORE, vcore, timeout=timeout)
+    try:
+        await sim.manager.changes.wait_until(lambda: sim.allocatable(RESOURCE_VMEMORY) > 0, timeout)
+    except TimeoutError:
+        raise TimeoutError(f"{RESOURCE_VMEMORY}: nothing allocatable within {timeout:g}s") from None
+
+
 async def start_in_process(stack: AsyncExitStack, root: Path, url: str, settings: Settings) -> Node:
     """The simulator and the four services in this process, registered with the simulated kubelet."""
     node = await base_node(stack, root, url, settings)
@@ -123,7 +135,7 @@ async def start_in_process(stack: AsyncExitStack, root: Path, url: str, settings
         "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
         "registrar": await stack.enter_async_context(registrar_app.service(settings)),
     }
-    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
+    await wait_for_gpu_resources(node.sim, 400, timeout=20)
     return node
 
 
@@ -133,7 +145,7 @@ async def start_processes(stack: AsyncExitStack, root: Path, url: str, settings:
     node.launcher = Launcher(settings, embedded_nats=False, log_dir=root / "logs")
     stack.push_async_callback(node.launcher.stop)
     await node.launcher.start_services()
-    await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
+    await wait_for_gpu_resources(node.sim, 400, timeout=60)
     return node
 
 

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from libs.bus.server import NatsServer
-from libs.kube.pods import RESOURCE_VCORE
 from simulator.runtime import runtime_unavailable_reason
 from simulator.runtime.fakegpus import FakeGpus, make_fake_gpus
 from simulator.runtime.images import build_images
 from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper, survivors
+from tests.e2e.helpers import wait_for_gpu_resources
 from tests.runtime.helpers import RtNode, start_rt_node, start_services_in_process
 
 REQUIRE = "GPULEDGER_REQUIRE_RUNTIME"
@@ -102,7 +102,7 @@ async def rt_node_processes(nats_server: NatsServer, short_dir: Path, runtime_im
         node.launcher = Launcher(node.settings, embedded_nats=False, log_dir=short_dir / "logs")
         stack.push_async_callback(node.launcher.stop)
         await node.launcher.start_services()
-        await node.sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
+        await wait_for_gpu_resources(node.sim, 400, timeout=60)
         yield node
 
 

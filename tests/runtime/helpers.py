@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from libs.config import Settings
-from libs.kube.pods import RESOURCE_VCORE
 from libs.vcuda import config as vcuda_config
 from simulator import NodeSimulator, SimConfig
 from simulator.runtime.cri import cri
 from simulator.runtime.fakegpus import FakeGpus
 from simulator.runtime.leftovers import cgroup_mounts
+from tests.e2e.helpers import wait_for_gpu_resources
 
 NODE = "rt-node"
 VCUDA_SOCK = "/etc/vcuda/vcuda.sock"  # where the Allocate response mounts the pod's directory
@@ -195,4 +195,4 @@ async def start_services_in_process(stack: AsyncExitStack, node: RtNode, *, vcor
         "vmanager": await stack.enter_async_context(vmanager_app.service(s)),
         "registrar": await stack.enter_async_context(registrar_app.service(s)),
     }
-    await node.sim.wait_for_resource(RESOURCE_VCORE, vcore, timeout=20)
+    await wait_for_gpu_resources(node.sim, vcore, timeout=20)
