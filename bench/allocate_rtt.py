@@ -50,7 +50,7 @@ from libs.metrics import PORT_OFFSETS
 
 NODE = "bench-node"
 HOP_METRIC = "gpuledger_allocate_hop_duration_seconds"
-HOPS = ("registrar_total", "bus_round_trip", "decide", "append_fsync", "confirm", "reply")
+HOPS = ("registrar_total", "bus_round_trip", "check", "decide", "append_fsync", "confirm", "reply")
 
 
 def percentile(values: list[float], q: float) -> float:

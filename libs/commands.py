@@ -1,6 +1,7 @@
 """Request/reply messages between the services (the payloads of the ``<service>.<verb>`` subjects).
 
     registrar  --allocator.allocate-->  allocator   (kubelet Allocate for vcore)
+    registrar  ==allocator.kubelet-list==> allocator (the kubelet's List the registrar asked at an Allocate)
     registrar  --allocator.prestart-->  allocator   --vmanager.prepare--> vmanager
     registrar  --allocator.inventory--> allocator   (what to advertise in ListAndWatch)
     watchdog   --allocator.release-->   allocator   (a pod is gone)
@@ -21,6 +22,7 @@ import msgspec
 from libs.dra import ClaimView
 from libs.events.schema import ContainerResponse, InventoryRecorded
 from libs.kube.pods import Pod
+from libs.kubelet.admission import AdmissionCheck
 from libs.ledger.state import LedgerSnapshot, PreparedClaim
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "GpuModeRequest",
     "InventoryReply",
     "InventoryRequest",
+    "KubeletListing",
     "PodChanged",
     "PodsReply",
     "PodsRequest",
@@ -57,6 +60,13 @@ class AllocateRequest(msgspec.Struct, kw_only=True):
     resource: str
     device_ids: list[str]
     deadline: float = 0.0  # unix seconds; past it the allocator must not commit (the kubelet gave up)
+    # The registrar asked the kubelet's pod-resources List as the request came in and checks a grant
+    # against it (AllocateReply.check): the allocator need not ask the kubelet itself to check one.
+    check_admission: bool = False
+    # A second request after the registrar's check failed: release this request's grant ``withdraw``
+    # (the kubelet is not admitting its pod) and look on, with ``listing`` (the kubelet's List, as sent).
+    withdraw: str = ""
+    listing: bytes = b""
 
 
 class AllocateReply(msgspec.Struct, kw_only=True):
@@ -66,6 +76,19 @@ class AllocateReply(msgspec.Struct, kw_only=True):
     pod_name: str
     container: str
     response: ContainerResponse
+    # Recorded before any List was read (``check_admission``): the registrar answers the kubelet only
+    # once its List shows this pod being admitted, and otherwise asks again with ``withdraw``.
+    check: AdmissionCheck | None = None
+
+
+class KubeletListing(msgspec.Struct, kw_only=True):
+    """The kubelet's List the registrar asked as an Allocate came in, sent on to the allocator as soon as
+    it is answered (``allocator.kubelet-list``, core NATS): the allocator uses it when it needs the List
+    itself, and settles earlier grants with it, as with a List of its own."""
+
+    request_id: str
+    listing: bytes = b""  # the ListPodResourcesResponse as the kubelet sent it
+    error: str = ""  # the List failed (then ``listing`` is empty)
 
 
 class PreStartRequest(msgspec.Struct, kw_only=True):

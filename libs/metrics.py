@@ -28,7 +28,8 @@ _logger = get_logger("metrics")
 
 
 # The per-hop breakdown of a granted Allocate, one histogram name in the registrar (hops
-# "registrar_total", "bus_round_trip") and the allocator ("decide", "append_fsync", "confirm", "reply"): an
+# "registrar_total", "bus_round_trip", "check": the wait for its kubelet List after the allocator's reply)
+# and the allocator ("decide", "append_fsync", "confirm": the wait for its own List, "reply"): an
 # operator sums by hop to see where a slow Allocate spent its time. Sub-millisecond buckets: the
 # whole path is a few milliseconds.
 HOP_METRIC = "gpuledger_allocate_hop_duration_seconds"
@@ -37,9 +38,9 @@ HOP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.
 
 
 def hop_histogram(registry: CollectorRegistry) -> Histogram:
-    return Histogram(HOP_METRIC, "One step of a granted Allocate, by hop (registrar: total and bus round trip; "
-                     "allocator: decide, append_fsync, confirm, reply)", ["hop"], buckets=HOP_BUCKETS,
-                     registry=registry)
+    return Histogram(HOP_METRIC, "One step of a granted Allocate, by hop (registrar: total, bus round trip, check "
+                     "against its kubelet List; allocator: decide, append_fsync, confirm, reply)", ["hop"],
+                     buckets=HOP_BUCKETS, registry=registry)
 
 
 def metrics_port(settings: Settings, service: str) -> int:

@@ -103,6 +103,11 @@ class Subjects:
         return self._cmd("allocator", "gpu-mode")
 
     @property
+    def kubelet_list(self) -> str:
+        """The kubelet's List the registrar checked a grant with (KubeletListing): -> allocator."""
+        return self._cmd("allocator", "kubelet-list")
+
+    @property
     def pods(self) -> str:
         return self._cmd("watchdog", "pods")
 

@@ -21,6 +21,7 @@ from libs.commands import (
     AllocateRequest,
     InventoryReply,
     InventoryRequest,
+    KubeletListing,
     PodsReply,
     PodsRequest,
     PrepareReply,
@@ -43,6 +44,7 @@ from libs.events.schema import (
     GpuShare,
 )
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
+from libs.kubelet.admission import AdmissionCheck
 from libs.ledger.state import CLAIM_PREFIX, MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, LedgerState
 from libs.logger import get_logger
 from libs.placement.hami_response import HamiDelivery
@@ -66,9 +68,11 @@ from services.allocator.observer import AllocatorObserver
 from services.allocator.podcache import PodCache
 from services.allocator.podresources import (
     DeviceHolder,
+    ForwardedLists,
     KubeletPodResources,
     KubeletRecord,
     PodResourcesUnavailable,
+    parse_record,
 )
 from services.allocator.prestart import check_allocation
 
@@ -77,6 +81,9 @@ __all__ = ["Allocator"]
 _VCORE_ID = re.compile(r"^tencent\.com/vcuda-core-(\d+)$")
 WITHDRAWN = "withdrawn at allocate"  # a release's reason: recorded for a pod the kubelet was not admitting
 _ROOM_ATTEMPTS = 3  # placements tried while releases keep changing the state, before a refusal
+# The registrar's List comes within milliseconds of the request; one not in this long after the
+# allocator first needed it is taken as lost, and the allocator asks the kubelet itself (_KubeletView).
+_FORWARD_WAIT = 0.5
 _NOTIFICATION_WAIT = 0.05  # how long an Allocate waits for its pod's notification before asking
 _FETCH_AFTER = 0.005  # a pod's notification is usually in by then: later, fetch the pod rather than wait on
 _FETCH_AT_MOST = 3  # pods the kubelet lists and our copy lacks, fetched by name; more: our copy is behind
@@ -105,6 +112,7 @@ class Allocator:
         self.corrections = 0
         self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
         self._kubelet_warned = False
+        self.forwarded = ForwardedLists(on_list=self.observer.kubelet_listed)  # the registrar's Lists
         self.hami = HamiDelivery.from_settings(settings)
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
         self._marks: dict[str, tuple[float, float, float, float]] = {}
@@ -126,6 +134,7 @@ class Allocator:
 
     async def serve(self) -> None:
         s = self.bus.subjects
+        await self.bus.subscribe(s.kubelet_list, KubeletListing, self.forwarded.on_listing)
         await self.bus.serve(s.allocate, AllocateRequest, self._observed_allocate, on_replied=self._replied)
         await self.bus.serve(s.prestart, PreStartRequest, self.prestart)
         await self.bus.serve(s.release, ReleaseRequest, self.release)
@@ -200,6 +209,8 @@ class Allocator:
 
     async def _allocate(self, req: AllocateRequest) -> AllocateReply:
         self._check_devices(req.resource, req.device_ids)
+        if req.withdraw:
+            await self._withdraw_unadmitted(req)
         earlier = next((a for a in self.state.allocations.values() if a.request_id == req.request_id), None)
         if earlier is not None:  # a retried request whose reply was lost
             return _reply(earlier)
@@ -207,17 +218,49 @@ class Allocator:
         started = time.perf_counter()
         # The kubelet's pod-resources List tells which pods it has taken up: it admits one pod at a
         # time, so only a pod it knows and has not given devices to yet can be the one asking. Asked
-        # once per request (the kubelet rate-limits that API), at once: it runs while we match and
-        # append. One loop turn lets the call's task send it before the inline append blocks the loop.
-        view = _KubeletView(self.kubelet)
-        view.start()
-        await asyncio.sleep(0)
+        # once per request (the kubelet rate-limits that API), as early as can be: by the registrar
+        # as the request came in (``check_admission``: it checks what we grant before any List was
+        # read, and sends the List on, which we use if we need it here), else by us at once, while we
+        # match and append; one loop turn lets the call's task send it before the inline append
+        # blocks the loop.
+        forwarded = self.forwarded.expect(req.request_id) if req.check_admission and not req.listing else None
+        view = _KubeletView(self.kubelet, record=self._brought(req), forwarded=forwarded)
+        if req.withdraw:
+            view.withdrawn = 1
+        if not req.check_admission:
+            view.start()
+            await asyncio.sleep(0)
         try:
             return await self._lookup_and_grant(req, deadline, started, view)
         finally:
             if (record := view.record) is not None:  # after the reply has gone
                 asyncio.get_running_loop().call_soon(self._settle, record)
+            elif forwarded is not None and not view.started:  # the registrar's List settles when it comes
+                forwarded.add_done_callback(self._settle_with)
             view.cancel()
+
+    @staticmethod
+    def _brought(req: AllocateRequest) -> KubeletRecord | None:
+        """The kubelet's List that the registrar brought along with ``req`` (after its check failed)."""
+        if not req.listing:
+            return None
+        try:
+            return parse_record(req.listing)
+        except PodResourcesUnavailable as exc:
+            _logger.warning("the registrar's copy of the kubelet's List is unreadable", error=str(exc))
+            return None
+
+    def _settle_with(self, listed: asyncio.Future[KubeletRecord]) -> None:
+        if not listed.cancelled() and listed.exception() is None:
+            self._settle(listed.result())
+
+    async def _withdraw_unadmitted(self, req: AllocateRequest) -> None:
+        """The registrar's List does not show the pod this request's grant ``req.withdraw`` went to being
+        admitted: release it before looking on (nothing was answered for it)."""
+        granted = self.state.allocations.get(req.withdraw)
+        if granted is None or granted.request_id != req.request_id:
+            return  # released meanwhile, or not this request's: nothing to take back
+        await self._withdraw(granted, f"{granted.namespace}/{granted.pod_name}")
 
     async def _pick(
         self, pods: list[Pod], cores: int, view: _KubeletView, *, last_resort: bool = False,
@@ -412,8 +455,12 @@ class Allocator:
             return None
         granted = self.state.allocations[stored[0].event.alloc_id]  # type: ignore[union-attr]
         appended = time.perf_counter()
-        if choice.confirm and not await self._confirmed(granted, pod, view):
-            return None
+        check = None
+        if choice.confirm:
+            if req.check_admission and not view.started:
+                check = AdmissionCheck.of(pod)  # the registrar checks it against its List before answering
+            elif not await self._confirmed(granted, pod, view):
+                return None
         done = time.perf_counter()
         appending = timing.pop("appending")
         self._marks[req.request_id] = (started, appending, appended, done)
@@ -427,7 +474,7 @@ class Allocator:
             self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False,
                                      defer=True)
         self._verify_soon(granted)
-        return _reply(granted)
+        return _reply(granted, check)
 
     async def _confirmed(self, granted: Allocation, pod: Pod, view: _KubeletView) -> bool:
         """True when the kubelet's List (or its silence) lets an unconfirmed grant stand; else the
@@ -435,7 +482,12 @@ class Allocator:
         record = await view.get(self.settings.request_timeout)
         if record is None or record.admitting(pod):
             return True
-        reason = f"{WITHDRAWN}: the kubelet is not admitting pod {pod.key}"
+        await self._withdraw(granted, pod.key)
+        view.withdrawn += 1
+        return False
+
+    async def _withdraw(self, granted: Allocation, pod_key: str) -> None:
+        reason = f"{WITHDRAWN}: the kubelet is not admitting pod {pod_key}"
 
         def decide(state: LedgerState) -> list[Event]:
             if granted.alloc_id not in state.allocations:
@@ -444,10 +496,8 @@ class Allocator:
                                        container=granted.container, reason=reason)]
 
         await self.ledger.record(decide)
-        view.withdrawn += 1
-        _logger.info("grant withdrawn before its reply", pod=pod.key, container=granted.container,
+        _logger.info("grant withdrawn before its reply", pod=pod_key, container=granted.container,
                      alloc_id=granted.alloc_id, reason=reason)
-        return False
 
     def _choose(self, req: AllocateRequest, cand: Candidate, cores: int, memory: int) -> tuple[GpuShare, ...]:
         """Where the container goes: on its init containers' GPUs when it reuses their kubelet
@@ -725,9 +775,9 @@ def _device_plugin_grants(state: LedgerState, pod_uid: str) -> list[Allocation]:
     return [a for a in state.pod_allocations(pod_uid) if not a.alloc_id.startswith(CLAIM_PREFIX)]
 
 
-def _reply(alloc: Allocation) -> AllocateReply:
+def _reply(alloc: Allocation, check: AdmissionCheck | None = None) -> AllocateReply:
     return AllocateReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, namespace=alloc.namespace,
-                         pod_name=alloc.pod_name, container=alloc.container, response=alloc.response)
+                         pod_name=alloc.pod_name, container=alloc.container, response=alloc.response, check=check)
 
 
 def _with_fetched(pending: list[Pod], fetched: list[Pod]) -> list[Pod]:
@@ -791,32 +841,66 @@ class _Choice(NamedTuple):
 
 
 class _KubeletView:
-    """The kubelet's pod-resources List for one Allocate: sent at receipt (or on the first ``get``),
-    shared after. Its answer is None when pod-resources is not available (verify_identity warns about
-    it): the guess alone then."""
+    """The kubelet's pod-resources List for one Allocate, shared by every step that needs it: ours,
+    sent at receipt (or on the first ``get``); or the registrar's (``forwarded``), taken on the first
+    ``get``, which asks again here when it failed or has not come ``_FORWARD_WAIT`` after it was first
+    needed (this process may reach the kubelet when the registrar does not); or one the registrar
+    brought along (``record``). Its answer is None when pod-resources is not available
+    (verify_identity warns about it): the guess alone then."""
 
-    def __init__(self, kubelet: KubeletPodResources | None) -> None:
+    def __init__(self, kubelet: KubeletPodResources | None, *, record: KubeletRecord | None = None,
+                 forwarded: asyncio.Future[KubeletRecord] | None = None) -> None:
         self._kubelet = kubelet
         self._list: asyncio.Future[KubeletRecord] | None = None
+        if record is not None:
+            self._list = asyncio.get_running_loop().create_future()
+            self._list.set_result(record)
+        self._forwarded = forwarded
+        self._adopted = False  # ``_list`` is the registrar's List
         self.withdrawn = 0  # the request's grants this List did not confirm, released (``_confirmed``)
 
     def start(self) -> None:
-        if self._list is None and self._kubelet is not None:
+        if self._list is not None:
+            return
+        if self._forwarded is not None:
+            self._list, self._adopted = self._forwarded, True
+        elif self._kubelet is not None:
             self._list = self._kubelet.begin_list("allocate")
 
     @property
+    def started(self) -> bool:
+        """A List was asked (or taken from the registrar): its answer, not a guess, decides."""
+        return self._list is not None
+
+    @property
     def answered(self) -> bool:
-        """The List is over (answered, or failed: ``get`` then returns at once)."""
-        return self._kubelet is None or (self._list is not None and self._list.done())
+        """The List is over (answered, or failed: ``get`` then returns at once; the registrar's, failed,
+        is not: ``get`` asks again)."""
+        if self._list is None:
+            return self._kubelet is None and self._forwarded is None
+        if not self._list.done():
+            return False
+        return not (self._adopted and self._kubelet is not None and self._failed())
 
     async def get(self, timeout: float) -> KubeletRecord | None:
         """The record, or None when the kubelet did not answer within ``timeout``."""
+        deadline = time.monotonic() + timeout
         self.start()
         if self._list is None:
             return None
+        if self._adopted and self._kubelet is not None:
+            if not self._list.done():
+                await asyncio.wait({self._list}, timeout=min(timeout, _FORWARD_WAIT))
+            if not self._list.done() or self._failed():
+                self.cancel()
+                self._list, self._adopted = self._kubelet.begin_list("allocate"), False
         if not self._list.done():
-            await asyncio.wait({self._list}, timeout=timeout)
+            await asyncio.wait({self._list}, timeout=max(0.0, deadline - time.monotonic()))
         return self.record
+
+    def _failed(self) -> bool:
+        assert self._list is not None and self._list.done()
+        return self._list.cancelled() or self._list.exception() is not None
 
     @property
     def record(self) -> KubeletRecord | None:

@@ -13,18 +13,23 @@ keeps the channel; only UNAVAILABLE (the kubelet restarting) dials afresh.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import grpc.aio
 import msgspec
+from google.protobuf.message import DecodeError
 
+from libs.commands import KubeletListing
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, Pod
+from libs.kubelet.admission import AdmissionCheck, ListedContainers, admitting, listed_containers
 from libs.kubelet.podresources.v1 import api_pb2 as pr
 from libs.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 
-__all__ = ["DeviceHolder", "KubeletPodResources", "KubeletRecord", "PodResourcesUnavailable", "holders"]
+__all__ = ["DeviceHolder", "ForwardedLists", "KubeletPodResources", "KubeletRecord", "PodResourcesUnavailable",
+           "holders", "parse_record"]
 
 
 class PodResourcesUnavailable(Exception):
@@ -69,31 +74,24 @@ class KubeletRecord(msgspec.Struct, frozen=True):
     holders: dict[frozenset[str], DeviceHolder]
     # (namespace, pod name) -> container -> holds vcore devices. The kubelet lists the pods it has
     # taken up (admitted, or being admitted right now), app containers and sidecars only.
-    containers: dict[tuple[str, str], dict[str, bool]]
+    containers: ListedContainers
 
     def admitting(self, pod: Pod) -> bool:
-        """Whether the kubelet may be admitting this pod now: it knows the pod and some GPU
-        container of it holds no vcore devices yet (or it has GPU init containers, which the
-        kubelet never lists)."""
-        listed = self.containers.get((pod.metadata.namespace, pod.metadata.name))
-        if listed is None:
-            return False
-        inits = pod.spec.init_containers
-        if any(c.vcore > 0 and c.restart_policy != "Always" for c in inits):
-            return True
-        shown = [c for c in inits if c.restart_policy == "Always"] + list(pod.spec.containers)
-        return any(c.vcore > 0 and not listed.get(c.name, False) for c in shown)
+        """Whether the kubelet may be admitting this pod now (libs/kubelet/admission.py)."""
+        return admitting(self.containers, AdmissionCheck.of(pod))
 
 
 def record(listing: pr.ListPodResourcesResponse) -> KubeletRecord:
-    containers = {
-        (pod.namespace, pod.name): {
-            ctr.name: any(d.resource_name == RESOURCE_VCORE and d.device_ids for d in ctr.devices)
-            for ctr in pod.containers
-        }
-        for pod in listing.pod_resources
-    }
-    return KubeletRecord(holders=holders(listing), containers=containers)
+    return KubeletRecord(holders=holders(listing), containers=listed_containers(listing))
+
+
+def parse_record(listing: bytes) -> KubeletRecord:
+    """The record of a List the registrar forwarded as the kubelet sent it; PodResourcesUnavailable
+    when it does not parse."""
+    try:
+        return record(pr.ListPodResourcesResponse.FromString(listing))
+    except DecodeError as exc:
+        raise PodResourcesUnavailable(f"the kubelet's List, as forwarded, does not parse: {exc}") from exc
 
 
 class KubeletPodResources:
@@ -142,3 +140,62 @@ class KubeletPodResources:
 
     async def close(self) -> None:
         await self._reset()
+
+
+class ForwardedLists:
+    """The Lists the registrar asks as Allocates come in (``KubeletListing``), each handed to its
+    Allocate. The request and its List come on two subscriptions, so a List may be handled before its
+    request: such an early one is kept. Both kinds are bounded (``KEEP`` each, the oldest dropped): a
+    List whose request never comes (the allocator restarted in between), or a request whose List is
+    lost, is not kept for ever."""
+
+    KEEP = 256
+
+    def __init__(self, on_list: Callable[[str], None] | None = None) -> None:
+        """``on_list(reason)``: told of each List that comes (counted as the allocator's own)."""
+        self._on_list = on_list
+        self._waiting: OrderedDict[str, asyncio.Future[KubeletRecord]] = OrderedDict()
+        self._early: OrderedDict[str, KubeletListing] = OrderedDict()
+
+    def expect(self, request_id: str) -> asyncio.Future[KubeletRecord]:
+        """The record of the List asked for ``request_id``; it fails with PodResourcesUnavailable when
+        the registrar's List failed. Cancelling it stops the wait."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[KubeletRecord] = loop.create_future()
+        early = self._early.pop(request_id, None)
+        if early is not None:
+            _resolve(future, early)
+            return future
+        self._waiting[request_id] = future
+        future.add_done_callback(lambda done: self._drop(request_id, done))
+        while len(self._waiting) > self.KEEP:
+            self._waiting.popitem(last=False)[1].cancel()
+        return future
+
+    async def on_listing(self, listing: KubeletListing) -> None:
+        if self._on_list is not None:
+            self._on_list("allocate")
+        future = self._waiting.pop(listing.request_id, None)
+        if future is None:
+            self._early[listing.request_id] = listing
+            while len(self._early) > self.KEEP:
+                self._early.popitem(last=False)
+            return
+        # After what is ready to run (a reply on its way out, say): parsing waits its turn.
+        asyncio.get_running_loop().call_soon(_resolve, future, listing)
+
+    def _drop(self, request_id: str, done: asyncio.Future[KubeletRecord]) -> None:
+        if self._waiting.get(request_id) is done:
+            del self._waiting[request_id]
+
+
+def _resolve(future: asyncio.Future[KubeletRecord], listing: KubeletListing) -> None:
+    if future.done():
+        return
+    if listing.error:
+        future.set_exception(PodResourcesUnavailable(listing.error))
+        return
+    try:
+        future.set_result(parse_record(listing.listing))
+    except PodResourcesUnavailable as exc:
+        future.set_exception(exc)

@@ -1,4 +1,6 @@
-"""Registrar composition root: NATS -> device catalog (from the allocator) -> plugin servers -> kubelet."""
+"""Registrar composition root: NATS -> device catalog (from the allocator) -> plugin servers -> kubelet.
+
+Each vcore Allocate also asks the kubelet's pod-resources List, to check the grant (kubeletlist.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from services.registrar.cdispecs import CdiSpecs
 from services.registrar.dra import DraPlugin, DraServers, rebuild_cdi
 from services.registrar.health import DeviceHealth
 from services.registrar.kubelet import KubeletRegistration
+from services.registrar.kubeletlist import KubeletLister
 from services.registrar.metrics import observe
 from services.registrar.plugin import DevicePlugin
 
@@ -78,7 +81,10 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         stack.push_async_callback(supervisor.aclose)
         catalog = DeviceCatalog()
         health = DeviceHealth(catalog)  # GPU health in ListAndWatch, metrics
-        plugins = [DevicePlugin(r, catalog, bus, settings, health=health) for r in (RESOURCE_VCORE, RESOURCE_VMEMORY)]
+        lister = KubeletLister(settings.pod_resources_socket, bus, timeout=settings.request_timeout)
+        stack.push_async_callback(lister.close)
+        plugins = [DevicePlugin(RESOURCE_VCORE, catalog, bus, settings, health=health, lister=lister),
+                   DevicePlugin(RESOURCE_VMEMORY, catalog, bus, settings, health=health)]
         kubelet = KubeletRegistration(Path(settings.device_plugin_dir), plugins)
         await stack.enter_async_context(observe(settings, plugins, catalog, health))
         supervisor.spawn(health.run(bus, settings.request_timeout), "gpu-health")

@@ -48,10 +48,12 @@ async def observe(settings: Settings, plugins: list[DevicePlugin], catalog: Devi
                       ["method", "resource", "outcome"], buckets=KUBELET_BUCKETS, registry=registry)
     hops = hop_histogram(registry)
     total, bus = hops.labels(hop="registrar_total"), hops.labels(hop="bus_round_trip")
+    check = hops.labels(hop="check")
 
-    def allocated(total_s: float, bus_s: float) -> None:
+    def allocated(total_s: float, bus_s: float, check_s: float) -> None:
         total.observe(total_s)
         bus.observe(bus_s)
+        check.observe(check_s)
 
     for plugin in plugins:
         plugin.on_allocated = allocated

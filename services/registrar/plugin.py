@@ -8,11 +8,13 @@ from the pod spec), so, as in gpu-manager, its Allocate returns one empty respon
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+import msgspec
 
 from libs.bus.client import Bus
 from libs.commands import AllocateReply, AllocateRequest, PreStartReply, PreStartRequest
@@ -25,6 +27,7 @@ from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from libs.logger import get_logger
 from services.registrar.catalog import DeviceCatalog, InvalidDevices
 from services.registrar.health import DeviceHealth
+from services.registrar.kubeletlist import KubeletLister
 
 __all__ = ["DevicePlugin", "to_proto"]
 
@@ -52,14 +55,15 @@ def to_proto(resp: ContainerResponse) -> pb.ContainerAllocateResponse:
 
 class DevicePlugin(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: str, catalog: DeviceCatalog, bus: Bus, settings: Settings, *,
-                 health: DeviceHealth | None = None) -> None:
+                 health: DeviceHealth | None = None, lister: KubeletLister | None = None) -> None:
         self.resource = resource
+        self.lister = lister  # the kubelet's List for each vcore Allocate, to check the grant with
         self.catalog = catalog
         self.health = health  # None: every device Healthy
         self.bus = bus
         self.settings = settings
-        # (registrar_total, bus_round_trip) seconds of each granted vcore Allocate; set by the metrics
-        self.on_allocated: Callable[[float, float], None] | None = None
+        # (registrar_total, bus_round_trip, check) seconds of each granted vcore Allocate; set by the metrics
+        self.on_allocated: Callable[[float, float, float], None] | None = None
         self.options = pb.DevicePluginOptions(
             pre_start_required=resource == RESOURCE_VCORE, get_preferred_allocation_available=False
         )
@@ -109,18 +113,40 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         if self.resource == RESOURCE_VMEMORY:
             return pb.AllocateResponse(container_responses=[pb.ContainerAllocateResponse()])
         timeout = self.settings.allocate_timeout
-        req = AllocateRequest(request_id=uuid.uuid4().hex, resource=self.resource, device_ids=ids,
-                              deadline=time.time() + timeout)
+        request_id = uuid.uuid4().hex
+        listing = self.lister.begin(request_id) if self.lister is not None else None
+        req = AllocateRequest(request_id=request_id, resource=self.resource, device_ids=ids,
+                              deadline=time.time() + timeout, check_admission=listing is not None)
         asked = time.perf_counter()
         reply = await self._ask(context, self.bus.subjects.allocate, req, AllocateReply, timeout)
         answered = time.perf_counter()
+        if listing is not None:
+            reply = await self._checked(context, req, reply, listing)
+        checked = time.perf_counter()
         _logger.info("allocated", request_id=req.request_id, alloc_id=reply.alloc_id, container=reply.container,
                   pod=f"{reply.namespace}/{reply.pod_name}", pod_uid=reply.pod_uid,
-                  allocator_ms=round((answered - asked) * 1000, 2))
+                  allocator_ms=round((answered - asked) * 1000, 2), check_ms=round((checked - answered) * 1000, 2))
         response = pb.AllocateResponse(container_responses=[to_proto(reply.response)])
         if self.on_allocated is not None:
-            self.on_allocated(time.perf_counter() - received, answered - asked)
+            self.on_allocated(time.perf_counter() - received, answered - asked, checked - answered)
         return response
+
+    async def _checked(self, context: grpc.aio.ServicerContext, req: AllocateRequest, reply: AllocateReply,
+                       listing: asyncio.Future[bytes | None]) -> AllocateReply:
+        """The grant once the kubelet's List (asked as the request came in) shows its pod being admitted.
+        When it does not, the allocator's view of the pods was stale: it is asked again, to take that
+        grant back and look on with this List. A List that failed checks nothing."""
+        assert self.lister is not None
+        if reply.check is None:  # the allocator checked it (or needed no check)
+            return reply
+        raw = await listing
+        if raw is None or self.lister.admits(raw, reply.check):
+            return reply
+        _logger.info("the kubelet is not admitting the pod the grant went to: asking again",
+                     request_id=req.request_id, pod=f"{reply.namespace}/{reply.pod_name}", alloc_id=reply.alloc_id)
+        again = msgspec.structs.replace(req, withdraw=reply.alloc_id, listing=raw)
+        return await self._ask(context, self.bus.subjects.allocate, again, AllocateReply,
+                               max(0.1, req.deadline - time.time()))
 
     async def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext

@@ -1,8 +1,10 @@
 """A grant recorded for the one pending pod while the kubelet's List was still on its way, and withdrawn.
 
 An Allocate whose pod has a single candidate in the allocator's copy of the node's pods is recorded
-at once, while the kubelet's pod-resources List (asked at the request's receipt) runs; the List is
-checked before anything is answered. When our copy is stale (here: the watchdog was away while the
+at once, while the kubelet's pod-resources List runs; the List is checked before anything is answered
+to the kubelet. The registrar asks it as the Allocate comes in and checks the grant the allocator
+replies with; a registrar that cannot reach pod-resources leaves it to the allocator, which asks at
+the request's receipt (both run here). When our copy is stale (here: the watchdog was away while the
 candidate was deleted and another pod created), the kubelet is not admitting that candidate: the grant
 is released with the reason "withdrawn at allocate", nothing having been answered for it, and the
 request goes on to the pod really asking.
@@ -12,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+import structlog
+
 from libs.kube.pods import RESOURCE_VCORE
 from services.allocator.handlers import WITHDRAWN
 from tests.builders import gpu_pod
@@ -19,8 +24,9 @@ from tests.e2e.helpers import WatchdogNode
 from tests.polling import eventually
 
 
+@pytest.mark.parametrize("wnode", ["registrar checks", "allocator checks"], indirect=True)
 async def test_a_grant_for_a_pod_the_kubelet_is_not_admitting_is_withdrawn_before_the_reply(
-        wnode: WatchdogNode) -> None:
+        wnode: WatchdogNode, request: pytest.FixtureRequest) -> None:
     cache = wnode.services["allocator"].handlers.pod_cache
     async with wnode.sim.kubelet.admission_lock:  # neither pod is admitted before the stage is set
         stale = await wnode.sim.create_pod(gpu_pod("stale", ("c", 20, 1)))
@@ -32,11 +38,14 @@ async def test_a_grant_for_a_pod_the_kubelet_is_not_admitting_is_withdrawn_befor
     # The kubelet skips the deleted pod and asks for the second one's devices; its request is first
     # matched to the only candidate our copy holds. The watchdog comes back meanwhile, so the pod
     # really asking can be found.
-    await asyncio.sleep(0.3)
-    await wnode.start_watchdog()
-    pod = await wnode.sim.wait_for_pod("default", "asking", lambda p: p["status"].get("phase") in ("Running", "Failed"),
-                                       30)
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.sleep(0.3)
+        await wnode.start_watchdog()
+        pod = await wnode.sim.wait_for_pod("default", "asking",
+                                           lambda p: p["status"].get("phase") in ("Running", "Failed"), 30)
     assert pod["status"]["phase"] == "Running", pod["status"]
+    asked_again = [e for e in logs if e["event"].startswith("the kubelet is not admitting the pod the grant went to")]
+    assert len(asked_again) == (1 if request.node.callspec.params["wnode"] == "registrar checks" else 0), logs
 
     stale_uid, asking_uid = stale["metadata"]["uid"], asking["metadata"]["uid"]
     granted = await wnode.tap.wait("alloc.granted", 2)

@@ -1,9 +1,10 @@
 """Walkthrough: pods admitted together are settled by each other's List, so the kubelet is asked less.
 
 The kubelet admits pods one after another (an Allocate each), then creates their sandboxes, and only
-after a pod's sandbox does it ask PreStartContainer for the pod's containers. The allocator sends a
-pod-resources List at each Allocate; the kubelet has recorded the pod admitted before by then, so
-that List settles the earlier grant, whose PreStart then needs no List of its own. The kubelet allows
+after a pod's sandbox does it ask PreStartContainer for the pod's containers. A pod-resources List is
+asked at each Allocate (by the registrar, which checks the grant with it and sends it on to the
+allocator); the kubelet has recorded the pod admitted before by then, so that List settles the
+earlier grant, whose PreStart then needs no List of its own. The kubelet allows
 100 Lists a second and 10 at once: a burst of pods must not cost two each.
 """
 
@@ -46,7 +47,9 @@ async def test_the_second_pods_allocate_settles_the_first_pods_grant(
     assert not [c for c in node.sim.calls if c.method == "PreStartContainer"], "a container started already"
     state = node.services["allocator"].ledger.state
     [first] = [a.alloc_id for a in state.allocations.values() if a.pod_name == "first"]
-    assert first in node.services["allocator"].handlers.settled
+    # The registrar sends its List on after its reply: the allocator settles with it a moment later.
+    await eventually(lambda: first in node.services["allocator"].handlers.settled, timeout=5, interval=0.002,
+                     what="the first grant settled by the second Allocate's List")
 
     for name in ("first", "second"):
         running = await node.sim.wait_for_pod(

@@ -266,3 +266,28 @@ def test_the_kubelet_may_be_admitting_only_pods_it_lists_without_devices() -> No
     assert find_candidate([older, admitted_now], state, 10).pod.metadata.name == "queued"
     narrowed = [p for p in (older, admitted_now) if rec.admitting(p)]
     assert find_candidate(narrowed, state, 10).pod.metadata.name == "fresh"
+
+
+def test_the_registrars_check_of_a_grant_agrees_with_the_allocators() -> None:
+    """The registrar checks a grant the allocator recorded before any List was read, with the check the
+    reply carries over the bus and the List as the kubelet sent it: same answers as the allocator's."""
+    from libs.kubelet.admission import AdmissionCheck
+    from services.allocator.podresources import record
+    from services.registrar.kubeletlist import KubeletLister
+
+    listing = _listing(("done", "main", ["x"], 1), ("half", "a", ["y"], 1), ("half", "b", [], 0),
+                       ("fresh", "main", [], 0), ("side", "proxy", [], 0), ("side", "main", ["z"], 1))
+    sidecar = msgspec.convert({
+        "metadata": {"name": "side", "namespace": "default", "uid": "uid-side"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"tencent.com/vcuda-core": "10"}}}],
+                 "initContainers": [{"name": "proxy", "restartPolicy": "Always",
+                                     "resources": {"limits": {"tencent.com/vcuda-core": "10"}}}]}}, Pod)
+    cases = [pod("done", [("main", 10, 1)]), pod("half", [("a", 10, 1), ("b", 10, 1)]),
+             pod("fresh", [("main", 10, 1)]), pod("queued", [("main", 10, 1)]),
+             pod("done", [("main", 10, 1)], init=[("setup", 10, 1)]), sidecar]
+    sent = listing.SerializeToString()
+    answers = []
+    for p in cases:
+        check = msgspec.json.decode(msgspec.json.encode(AdmissionCheck.of(p)), type=AdmissionCheck)
+        answers.append(KubeletLister.admits(sent, check))
+    assert answers == [record(listing).admitting(p) for p in cases] == [False, True, True, False, True, True]
