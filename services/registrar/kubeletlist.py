@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import nats.errors
+from google.protobuf.message import DecodeError
 
 from libs.bus.client import Bus
 from libs.commands import KubeletListing
@@ -59,9 +60,15 @@ class KubeletLister:
         return self._keep(asyncio.ensure_future(self._ask(request_id)))
 
     @staticmethod
-    def admits(listing: bytes, check: AdmissionCheck) -> bool:
-        """Whether the List shows the pod of ``check`` being admitted."""
-        return admitting(listed_containers(pr.ListPodResourcesResponse.FromString(listing)), check)
+    def admits(listing: bytes, check: AdmissionCheck) -> bool | None:
+        """Whether the List shows the pod of ``check`` being admitted; None when it does not parse (then
+        it checks nothing, as a List that failed)."""
+        try:
+            parsed = pr.ListPodResourcesResponse.FromString(listing)
+        except DecodeError as exc:
+            _logger.warning("the kubelet's List does not parse: the grant is not checked", error=str(exc))
+            return None
+        return admitting(listed_containers(parsed), check)
 
     def _keep(self, future: asyncio.Future[object]) -> asyncio.Future[object]:  # type: ignore[type-var]
         self._pending.add(future)

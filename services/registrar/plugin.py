@@ -2,8 +2,10 @@
 
 vcore Allocate and PreStartContainer are answered by the allocator over NATS, each within a bounded
 time: the kubelet waits forever on Allocate, so a stuck allocator must turn into a clear gRPC error
-here, never into a hung node. vmemory needs no placement of its own (the allocator reads the memory
-from the pod spec), so, as in gpu-manager, its Allocate returns one empty response after validation.
+here, never into a hung node. A vcore grant is answered once the kubelet's pod-resources List, asked
+as the Allocate came in, shows its pod being admitted (kubeletlist.py). vmemory needs no placement
+of its own (the allocator reads the memory from the pod spec), so, as in gpu-manager, its Allocate
+returns one empty response after validation.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         if reply.check is None:  # the allocator checked it (or needed no check)
             return reply
         raw = await listing
-        if raw is None or self.lister.admits(raw, reply.check):
+        if raw is None or self.lister.admits(raw, reply.check) is not False:
             return reply
         _logger.info("the kubelet is not admitting the pod the grant went to: asking again",
                      request_id=req.request_id, pod=f"{reply.namespace}/{reply.pod_name}", alloc_id=reply.alloc_id)

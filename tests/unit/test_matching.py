@@ -291,3 +291,5 @@ def test_the_registrars_check_of_a_grant_agrees_with_the_allocators() -> None:
         check = msgspec.json.decode(msgspec.json.encode(AdmissionCheck.of(p)), type=AdmissionCheck)
         answers.append(KubeletLister.admits(sent, check))
     assert answers == [record(listing).admitting(p) for p in cases] == [False, True, True, False, True, True]
+    # A List that does not parse checks nothing (as one that failed): the grant stands as matched.
+    assert KubeletLister.admits(b"\xff\xff\xff", AdmissionCheck.of(cases[0])) is None
