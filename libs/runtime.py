@@ -19,7 +19,17 @@ from libs.config import Settings
 from libs.errors import StartRefused
 from libs.logger import configure_logging, get_logger
 
-__all__ = ["ServiceFactory", "Supervisor", "run_service", "serve_until_stopped"]
+__all__ = ["ServiceFactory", "Supervisor", "discard", "run_service", "serve_until_stopped"]
+
+
+def discard(future: asyncio.Future[Any]) -> None:
+    """Drop work started ahead whose answer nobody wants any more: cancelled while it runs; once done,
+    its failure is marked as looked at (no one's error, not "exception was never retrieved")."""
+    if not future.done():
+        future.cancel()
+    elif not future.cancelled():
+        future.exception()
+
 
 ServiceFactory = Callable[[Settings], AbstractAsyncContextManager[Any]]
 

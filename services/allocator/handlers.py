@@ -51,6 +51,7 @@ from libs.placement.hami_response import HamiDelivery
 from libs.placement.placement import NoRoom, place
 from libs.placement.responses import build_response
 from libs.placement.reuse import place_on_reused, reuse_view
+from libs.runtime import discard
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
 from services.allocator.extraconfig import default_devices
 from services.allocator.identity import (
@@ -821,13 +822,8 @@ class _Ahead(Generic[_T]):
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        task = self._task
-        if task is None:
-            return
-        if not task.done():
-            task.cancel()
-        elif not task.cancelled():
-            task.exception()  # retrieved: an unwanted lookup's failure is no one's error
+        if self._task is not None:
+            discard(self._task)
 
     async def for_pod(self, uid: str) -> _T:
         if self._task is not None and uid == self._uid:
@@ -910,9 +906,5 @@ class _KubeletView:
         return self._list.result()
 
     def cancel(self) -> None:
-        if self._list is None:
-            return
-        if not self._list.done():
-            self._list.cancel()
-        elif not self._list.cancelled():
-            self._list.exception()  # retrieved: an unused List's failure is no one's error
+        if self._list is not None:
+            discard(self._list)

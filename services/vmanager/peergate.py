@@ -31,6 +31,7 @@ from typing import Any
 
 from libs.cgroups import AmbiguousCgroup, CgroupOwner, owner_of_process
 from libs.logger import get_logger
+from libs.runtime import discard
 
 __all__ = ["SOCKET_MODE", "Admission", "Caller", "Callers", "PeerGate", "check_caller"]
 
@@ -81,11 +82,8 @@ class Callers:
 
     def drop(self, peer: str) -> None:
         caller = self._by_peer.pop(peer, None)
-        ahead = caller.ahead if caller is not None else None
-        if ahead is not None:
-            if ahead.done() and not ahead.cancelled():
-                ahead.exception()  # looked at: a failure nobody asked for is not "never retrieved"
-            ahead.cancel()
+        if caller is not None and caller.ahead is not None:
+            discard(caller.ahead)
 
     def __len__(self) -> int:
         return len(self._by_peer)
