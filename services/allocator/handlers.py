@@ -852,16 +852,20 @@ class _KubeletView:
             self._list = asyncio.get_running_loop().create_future()
             self._list.set_result(record)
         self._forwarded = forwarded
-        self._adopted = False  # ``_list`` is the registrar's List
         self.withdrawn = 0  # the request's grants this List did not confirm, released (``_confirmed``)
 
     def start(self) -> None:
         if self._list is not None:
             return
         if self._forwarded is not None:
-            self._list, self._adopted = self._forwarded, True
+            self._list = self._forwarded
         elif self._kubelet is not None:
             self._list = self._kubelet.begin_list("allocate")
+
+    @property
+    def _adopted(self) -> bool:
+        """``_list`` is the registrar's List (not one asked here after it failed)."""
+        return self._list is not None and self._list is self._forwarded
 
     @property
     def started(self) -> bool:
@@ -889,7 +893,7 @@ class _KubeletView:
                 await asyncio.wait({self._list}, timeout=min(timeout, _FORWARD_WAIT))
             if not self._list.done() or self._failed():
                 self.cancel()
-                self._list, self._adopted = self._kubelet.begin_list("allocate"), False
+                self._list = self._kubelet.begin_list("allocate")
         if not self._list.done():
             await asyncio.wait({self._list}, timeout=max(0.0, deadline - time.monotonic()))
         return self.record
