@@ -104,7 +104,8 @@ class Subjects:
 
     @property
     def kubelet_list(self) -> str:
-        """The kubelet's List the registrar checked a grant with (KubeletListing): -> allocator."""
+        """The kubelet's List the registrar asked as an Allocate came in, sent on when answered
+        (KubeletListing, core NATS): -> allocator."""
         return self._cmd("allocator", "kubelet-list")
 
     @property
