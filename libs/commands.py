@@ -98,10 +98,14 @@ class PreStartRequest(msgspec.Struct, kw_only=True):
 
 
 class PreStartReply(msgspec.Struct, kw_only=True):
+    """The allocator's check; the registrar asks the vmanager for the pod's vcuda.sock meanwhile
+    (services/registrar/prestart.py) and fills ``vcuda_socket`` in."""
+
     alloc_id: str
     pod_uid: str
     container: str
     vcuda_socket: str = ""
+    seq: int = 0  # the log as the check saw it: a vmanager that has folded this far serves the pod
 
 
 class ReleaseRequest(msgspec.Struct, kw_only=True):
@@ -207,13 +211,17 @@ class PodsReply(msgspec.Struct, kw_only=True):
 
 
 class PrepareRequest(msgspec.Struct, kw_only=True):
-    pod_uid: str
+    pod_uid: str = ""
     alloc_seq: int = 0  # the grant's seq: the vmanager waits until it has folded at least this far
+    # Instead of ``pod_uid``: a grant's vcore device IDs, as PreStartContainer names them. The pod is
+    # the one that holds them in the log the vmanager has folded so far (no wait: 404 when none does).
+    device_ids: list[str] = []
 
 
 class PrepareReply(msgspec.Struct, kw_only=True):
     directory: str
     socket: str
+    pod_uid: str = ""  # the pod served
 
 
 class PodChanged(msgspec.Struct, kw_only=True):

@@ -24,8 +24,6 @@ from libs.commands import (
     KubeletListing,
     PodsReply,
     PodsRequest,
-    PrepareReply,
-    PrepareRequest,
     PreStartReply,
     PreStartRequest,
     ReleaseReply,
@@ -558,18 +556,14 @@ class Allocator:
     async def prestart(self, req: PreStartRequest) -> PreStartReply:
         """gpu-manager's PreStartContainer (section 3.9), with the kubelet's pod-resources record in
         place of its private checkpoint: learn who really holds the devices, correct the grant when
-        the Allocate-time guess was wrong, check the grant, then have the pod's vcuda.sock served."""
+        the Allocate-time guess was wrong, check the grant. The registrar has the vmanager serve the
+        pod's vcuda.sock meanwhile (services/registrar/prestart.py): the reply's ``seq`` is the log as
+        this check saw it, which the vmanager folds before serving the pod the check names."""
         self._check_devices(req.resource, req.device_ids)
-        guessed = self.state.find_by_devices(req.device_ids)
-        # The vmanager serves a pod's vcuda.sock as soon as it folds the pod's grant; asking it to be
-        # ready is only a barrier, so it is asked for the granted pod at once, answered while the
-        # kubelet's record is read. Its answer is used only when the check passes for that same pod.
-        with _Ahead(guessed, self._prepare) as prepare:
-            alloc = await self._checked(req, guessed)
-            prepared = await prepare.for_pod(alloc.pod_uid)
+        alloc = await self._checked(req, self.state.find_by_devices(req.device_ids))
         self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True, defer=True)
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
-                             vcuda_socket=prepared.socket)
+                             seq=self.state.seq)
 
     async def _checked(self, req: PreStartRequest, guessed: Allocation | None) -> Allocation:
         """The grant the kubelet's record confirms (corrected if need be), checked against its pod."""
@@ -600,16 +594,6 @@ class Allocator:
             await self.fail_pod(alloc, message)
             raise ServiceError(409, message)
         return alloc
-
-    async def _prepare(self, pod_uid: str) -> PrepareReply:
-        """The vmanager serves the pod's vcuda.sock (it has folded the log up to now)."""
-        try:
-            return await self.bus.request(
-                self.bus.subjects.prepare, PrepareRequest(pod_uid=pod_uid, alloc_seq=self.state.seq),
-                PrepareReply, timeout=self.settings.request_timeout,
-            )
-        except BusError as exc:
-            raise ServiceError(503, f"failed to setup VCuda for pod {pod_uid}: {exc}") from exc
 
     async def _active_pod(self, uid: str) -> Pod | None:
         """The pod, while active: from our copy of the watchdog's notifications when it holds it

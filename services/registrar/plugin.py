@@ -1,11 +1,12 @@
 """The two DevicePlugin servicers: the only code in gpuledger that translates kubelet protos.
 
-vcore Allocate and PreStartContainer are answered by the allocator over NATS, each within a bounded
-time: the kubelet waits forever on Allocate, so a stuck allocator must turn into a clear gRPC error
-here, never into a hung node. A vcore grant is answered once the kubelet's pod-resources List, asked
-as the Allocate came in, shows its pod being admitted (kubeletlist.py). vmemory needs no placement
-of its own (the allocator reads the memory from the pod spec), so, as in gpu-manager, its Allocate
-returns one empty response after validation.
+vcore Allocate and PreStartContainer are answered by the allocator over NATS (PreStart together
+with the vmanager: prestart.py), each within a bounded time: the kubelet waits forever on Allocate,
+so a stuck allocator must turn into a clear gRPC error here, never into a hung node. A vcore grant
+is answered once the kubelet's pod-resources List, asked as the Allocate came in, shows its pod
+being admitted (kubeletlist.py). vmemory needs no placement of its own (the allocator reads the
+memory from the pod spec), so, as in gpu-manager, its Allocate returns one empty response after
+validation.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 import msgspec
 
 from libs.bus.client import Bus
-from libs.commands import AllocateReply, AllocateRequest, PreStartReply, PreStartRequest
+from libs.commands import AllocateReply, AllocateRequest, PreStartRequest
 from libs.config import Settings
 from libs.errors import BusError, BusTimeout, RemoteError
 from libs.events.schema import ContainerResponse
@@ -30,10 +32,12 @@ from libs.logger import get_logger
 from services.registrar.catalog import DeviceCatalog, InvalidDevices
 from services.registrar.health import DeviceHealth
 from services.registrar.kubeletlist import KubeletLister
+from services.registrar.prestart import PreStart
 
 __all__ = ["DevicePlugin", "to_proto"]
 
 _logger = get_logger("registrar")
+_T = TypeVar("_T")
 
 _GRPC_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -66,6 +70,10 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self.settings = settings
         # (registrar_total, bus_round_trip, check) seconds of each granted vcore Allocate; set by the metrics
         self.on_allocated: Callable[[float, float, float], None] | None = None
+        # The kubelet gives PreStartContainer 30 s; answer well inside it.
+        self.prestart = (PreStart(bus, timeout=min(25.0, 2 * settings.request_timeout),
+                                  prepare_timeout=settings.request_timeout)
+                         if resource == RESOURCE_VCORE else None)
         self.options = pb.DevicePluginOptions(
             pre_start_required=resource == RESOURCE_VCORE, get_preferred_allocation_available=False
         )
@@ -155,11 +163,9 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
     ) -> pb.PreStartContainerResponse:
         ids = list(request.devices_ids)
         await self._check(ids, context)
-        if self.resource == RESOURCE_VCORE:
+        if self.prestart is not None:
             req = PreStartRequest(request_id=uuid.uuid4().hex, resource=self.resource, device_ids=ids)
-            # The kubelet gives PreStartContainer 30 s; answer well inside it.
-            await self._ask(context, self.bus.subjects.prestart, req, PreStartReply,
-                            min(25.0, 2 * self.settings.request_timeout))
+            await self._answered(context, self.prestart(req), self.prestart.timeout)
         return pb.PreStartContainerResponse()
 
     async def _check(self, ids: list[str], context: grpc.aio.ServicerContext) -> None:
@@ -170,8 +176,12 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def _ask(self, context: grpc.aio.ServicerContext, subject: str, req, reply_type, timeout: float):  # type: ignore[no-untyped-def]
+        return await self._answered(context, self.bus.request(subject, req, reply_type, timeout=timeout), timeout)
+
+    async def _answered(self, context: grpc.aio.ServicerContext, call: Awaitable[_T], timeout: float) -> _T:
+        """What ``call`` (a request to the services) answers, or its failure as the kubelet's gRPC error."""
         try:
-            return await self.bus.request(subject, req, reply_type, timeout=timeout)
+            return await call
         except BusTimeout:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 f"the allocator did not answer within {timeout:g}s")

@@ -9,6 +9,8 @@ that kill or freeze one of them. Beside them, the steps several end-to-end tests
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ import nats
 
 from gpuledger.launcher import Launcher
 from libs.bus.client import Bus
-from libs.commands import PodsReply, PodsRequest, StateReply, StateRequest
+from libs.commands import PodsReply, PodsRequest, PrepareRequest, StateReply, StateRequest
 from libs.config import MEMORY_BLOCK, Settings
 from libs.errors import BusError
 from libs.events.codec import EventRecord
@@ -193,6 +195,23 @@ class WatchdogNode(Node):
 
 
 # -- pod identity: two pods the kubelet admits in the opposite order of their predicate times --------------
+
+@contextlib.asynccontextmanager
+async def prepares_seen(node: Node) -> AsyncIterator[list[PrepareRequest]]:
+    """The vmanager.prepare requests sent on the bus meanwhile (a copy of each, as the vmanager gets it)."""
+    seen: list[PrepareRequest] = []
+
+    async def keep(req: PrepareRequest) -> None:
+        seen.append(req)
+
+    sub = await node.bus.subscribe(node.bus.subjects.prepare, PrepareRequest, keep)
+    await node.bus.flush()
+    try:
+        yield seen
+        await node.bus.flush()
+    finally:
+        await sub.unsubscribe()
+
 
 async def prestart(node: Node, ids: list[str]) -> None:
     sock = Path(node.settings.device_plugin_dir) / "vcore.sock"

@@ -18,7 +18,7 @@ from libs.ledger.state import LedgerState
 from libs.store import replay
 from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode
-from tests.e2e.helpers import Node, opposite_order, prestart
+from tests.e2e.helpers import Node, opposite_order, prepares_seen, prestart
 
 
 async def test_the_kubelets_admission_order_decides_at_allocate(node: Node) -> None:
@@ -51,13 +51,18 @@ async def test_a_wrong_guess_is_corrected_at_prestart(node: Node) -> None:
         "pod-a": sorted(node.sim.allocated_device_ids(uid["pod-b"], "main", RESOURCE_VCORE)),
         "pod-b": sorted(node.sim.allocated_device_ids(uid["pod-a"], "main", RESOURCE_VCORE))}
     await node.sim.pod_resources.start()
-    await prestart(node, node.sim.allocated_device_ids(uid["pod-b"], "main", RESOURCE_VCORE))
+    async with prepares_seen(node) as seen:
+        await prestart(node, node.sim.allocated_device_ids(uid["pod-b"], "main", RESOURCE_VCORE))
 
     # The guess was wrong both ways and was corrected both ways.
     corrected = await node.tap.wait("alloc.corrected", 2, timeout=10)
     assert {(r.data["previous_pod_uid"], r.data["pod_uid"]) for r in corrected} == {
         (uid["pod-a"], uid["pod-b"]), (uid["pod-b"], uid["pod-a"])}
     assert {r.data["reason"] for r in corrected} == {"prestart"}
+    # The vmanager served the socket of the pod its log named first (the wrong one), then, asked again,
+    # that of the pod the check corrected the grant to, with the corrections folded.
+    assert [r.pod_uid for r in seen] == ["", uid["pod-b"]]
+    assert seen[1].alloc_seq >= max(r.seq for r in corrected)
 
     # The ledger: each pod's grant holds exactly the device IDs the kubelet gave it, and its memory.
     snap = await node.snapshot()

@@ -3,17 +3,22 @@
 The kubelet calls it with a container's vcore device IDs right before the container starts. The
 grant holding them is checked (and corrected from pod-resources when the guess was wrong), the pod's
 vcuda.sock is served, and the pod is annotated ``gpu-assigned=true``. Failures carry gpu-manager's
-"PreStartContainer check failed" text, which its tooling (ShouldDelete) looks for.
+"PreStartContainer check failed" text, which its tooling (ShouldDelete) looks for. The registrar
+asks the allocator's check and the vmanager's socket at once (services/registrar/prestart.py).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import grpc
 import pytest
 
+from libs.commands import PrepareRequest
 from libs.kube.pods import RESOURCE_VCORE
 from tests.builders import gpu_pod
-from tests.e2e.helpers import Node, prestart
+from tests.e2e.helpers import Node, prepares_seen, prestart
 
 
 async def test_prestart_of_a_started_container_checks_and_serves_again(node: Node) -> None:
@@ -28,6 +33,38 @@ async def test_prestart_of_a_started_container_checks_and_serves_again(node: Nod
         "default", "again",
         lambda p: p["metadata"].get("annotations", {}).get("tencent.com/gpu-assigned") == "true", 15)
     assert done["status"]["phase"] == "Running"
+
+
+async def test_the_vmanager_is_asked_once_by_the_grants_devices(node: Node) -> None:
+    # While the allocator checks the grant, the vmanager serves the socket of the pod that holds the
+    # devices in its log: one request, naming no pod, when the check agrees with it.
+    pod = await node.run_pod(gpu_pod("asked", ("main", 20, 1)))
+    uid = pod["metadata"]["uid"]
+    ids = node.sim.allocated_device_ids(uid, "main", RESOURCE_VCORE)
+    async with prepares_seen(node) as seen:
+        await prestart(node, ids)
+    assert seen == [PrepareRequest(device_ids=ids)]
+    assert (node.settings.vm_root / uid / "vcuda.sock").is_socket()
+
+
+async def test_a_socket_the_vmanager_cannot_serve_fails_with_gpu_managers_text(node: Node) -> None:
+    pod = await node.run_pod(gpu_pod("unserved", ("main", 20, 1)))
+    uid = pod["metadata"]["uid"]
+    ids = node.sim.allocated_device_ids(uid, "main", RESOURCE_VCORE)
+    pod_dir = node.settings.vm_root / uid
+    # Someone put a symlink where the pod's directory was: the vmanager refuses to serve through it.
+    shutil.rmtree(pod_dir)
+    (node.settings.vm_root / "elsewhere").mkdir()
+    os.symlink(node.settings.vm_root / "elsewhere", pod_dir)
+    async with prepares_seen(node) as seen:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await prestart(node, ids)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.value.details().startswith(f"failed to setup VCuda for pod {uid}: ")
+    assert "is a symlink" in err.value.details()
+    # Asked by the devices, then once more for the pod the check confirmed.
+    assert [(r.pod_uid, r.device_ids) for r in seen] == [("", ids), (uid, [])]
+    assert seen[1].alloc_seq > 0
 
 
 async def test_devices_nobody_holds_fail_with_gpu_managers_text(node: Node) -> None:

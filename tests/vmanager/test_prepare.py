@@ -112,6 +112,37 @@ async def test_pod_without_allocation_is_404(
     assert not (settings.vm_root / uid).exists()
 
 
+async def test_prepare_by_devices_serves_the_pod_that_holds_them(
+    settings: Settings, ledger: Ledger, vmanager: VmanagerService, client_bus: Bus
+) -> None:
+    # PreStartContainer's registrar names the grant's devices while the allocator checks it.
+    uid, other = new_pod_uid(), new_pod_uid()
+    grant = granted(uid, "main", cores=20)
+    seq = await ledger.append(inventory(), granted(other, "main", cores=10), grant)
+    await folded(vmanager, seq)
+    reply = await client_bus.request(client_bus.subjects.prepare, PrepareRequest(device_ids=list(grant.device_ids)),
+                                     PrepareReply, timeout=5)
+    assert (reply.pod_uid, reply.socket) == (uid, str(settings.vm_root / uid / "vcuda.sock"))
+    assert stat.S_ISSOCK(os.lstat(reply.socket).st_mode)
+
+
+async def test_prepare_by_devices_nobody_holds_is_404_and_waits_for_nothing(
+    ledger: Ledger, vmanager: VmanagerService, client_bus: Bus
+) -> None:
+    seq = await ledger.append(inventory(), granted(new_pod_uid(), "main", cores=20))
+    await folded(vmanager, seq)
+    for ids in (["tencent.com/vcuda-core-0"], [f"tencent.com/vcuda-core-{i}" for i in range(21)]):
+        with pytest.raises(RemoteError) as info:
+            await client_bus.request(client_bus.subjects.prepare, PrepareRequest(device_ids=ids), PrepareReply,
+                                     timeout=5)
+        assert info.value.code == 404
+        assert f"no grant holds these {len(ids)} devices in the log folded so far (seq {seq})" in info.value.message
+    with pytest.raises(RemoteError) as info:
+        await client_bus.request(client_bus.subjects.prepare, PrepareRequest(device_ids=["x"] * 100_000),
+                                 PrepareReply, timeout=5)
+    assert info.value.code == 400 and "100000 device IDs" in info.value.message
+
+
 @pytest.mark.parametrize("bad", ["../../etc", "..", "", "3F9C2A8E1B7D4C5E9A0F6D2E8B1C4A7F",
                                  "3f9c2a8e-1b7d-4c5e-9a0f-6d2e8b1c4a7f\n",
                                  "3f9c2a8e-1b7d-4c5e-9a0f-6d2e8b1c4a7f/.."])
