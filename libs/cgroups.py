@@ -111,11 +111,13 @@ def hierarchy_roots(cgroup_root: Path) -> list[Path]:
 
 def find_container_cgroup(
     cgroup_root: Path, pod_uid: str, container_id: str, qos: str | None = None,
-    extra: Iterable[PurePosixPath] = (),
+    likely: Iterable[PurePosixPath] = (),
 ) -> Path | None:
-    """The container's cgroup directory in the first hierarchy that has one; ``extra`` paths are
-    tried last (e.g. where the registering process says it lives)."""
-    candidates = [*container_cgroup_paths(pod_uid, container_id, qos), *extra]
+    """The container's cgroup directory in the first hierarchy that has one. ``likely`` paths are
+    tried before the layouts' formulas: where the registering process lives, which is its
+    container's cgroup when the cgroup's name is the container's, found with one look instead of
+    one per layout and QoS class (and found too in layouts no formula knows)."""
+    candidates = [*likely, *container_cgroup_paths(pod_uid, container_id, qos)]
     for hierarchy in hierarchy_roots(cgroup_root):
         for rel in candidates:
             if rel.is_absolute() or ".." in rel.parts:

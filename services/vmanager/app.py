@@ -66,6 +66,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
             backend=settings.vcuda_backend_socket, callers=callers, proc_root=Path(settings.proc_root),
             on_prepare=CacheDirs(state) if hami else None, admit_for=claim_pods.admission,
         )
+        registrations.on_spare_taken = sockets.respare_soon
         stack.push_async_callback(sockets.close)  # after the follower stopped: nothing restarts them
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)
         supervisor = Supervisor("vmanager")

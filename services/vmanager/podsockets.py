@@ -10,7 +10,9 @@ is only (re)started while the folded log says it still holds an allocation, so a
 release can never leave a server behind.
 
 The pod directory is bind-mounted into the pod's containers at /etc/vcuda. It is created once and
-never recreated for a live pod (a new directory would be invisible behind the existing mounts).
+never recreated for a live pod (a new directory would be invisible behind the existing mounts). It
+holds a spare container directory for the next container's first registration (``.spare``,
+configfiles.py), made when the pod is first served and again each time a registration takes it.
 
 A prepared DRA claim has a directory of its own, ``<vm_root>/<claim uid>``: its CDI spec mounts it in
 every container of every pod that uses the claim (a CDI device is per claim, not per pod). Its gate
@@ -33,12 +35,14 @@ from libs.logger import get_logger
 from libs.unixsock import check_socket_path, file_identity
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from services.vmanager.cleanup import remove_pod_dir
+from services.vmanager.configfiles import has_spare, make_spare
 from services.vmanager.names import is_pod_uid
 from services.vmanager.peergate import Admission, Callers, PeerGate
 
 __all__ = ["SOCKET_NAME", "PodGone", "PodPaths", "PodSockets"]
 
 SOCKET_NAME = "vcuda.sock"
+RESPARE_AFTER_S = 0.2
 
 _logger = get_logger("vmanager")
 
@@ -87,6 +91,7 @@ class PodSockets:
         self._backend_server: grpc.aio.Server | None = None
         self._backend_identity: tuple[int, int] | None = None
         self._lock = asyncio.Lock()
+        self._spares: set[asyncio.Task[None]] = set()  # respare_soon's
 
     def paths(self, pod_uid: str) -> PodPaths:
         if not is_pod_uid(pod_uid):
@@ -161,6 +166,32 @@ class PodSockets:
             raise
         self.servers[pod_uid] = _Running(server=gate, identity=file_identity(paths.socket))
         _logger.info("serving vcuda.sock", pod_uid=pod_uid, socket=str(paths.socket))
+        await self._make_spare(paths.directory)
+
+    def respare_soon(self, pod_uid: str) -> None:
+        """A registration took the pod's spare container directory: make the next one in the
+        background, a little later (not while the container that took it does its first work on the
+        same disk), under the lock (a teardown never meets a spare being made)."""
+        task = asyncio.ensure_future(self._respare(pod_uid))
+        self._spares.add(task)
+        task.add_done_callback(self._spares.discard)
+
+    async def _respare(self, pod_uid: str) -> None:
+        await asyncio.sleep(RESPARE_AFTER_S)
+        async with self._lock:
+            if pod_uid in self.servers:
+                await self._make_spare(self.paths(pod_uid).directory)
+
+    async def _make_spare(self, directory: Path) -> None:
+        """A container's first registration takes it instead of making a directory and two files
+        (configfiles.py: ``make_spare``); without one, it makes them."""
+        if has_spare(directory):
+            return
+        try:
+            await asyncio.to_thread(make_spare, directory)
+        except (OSError, ValueError) as exc:
+            _logger.warning("no spare container directory: the next registration makes its own",
+                            directory=str(directory), error=str(exc))
 
     async def _stop(self, pod_uid: str) -> None:
         running = self.servers.pop(pod_uid, None)
@@ -190,6 +221,8 @@ class PodSockets:
         """Stop every server; directories stay (the pods' containers still mount them). A prepare that
         still holds the lock gets ``timeout`` seconds to finish; the stop goes on without it after that."""
         held = False
+        for task in list(self._spares):
+            task.cancel()
         try:
             await asyncio.wait_for(self._lock.acquire(), timeout)
             held = True

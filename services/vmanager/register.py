@@ -18,6 +18,8 @@ directory:
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -29,7 +31,7 @@ from libs.logger import get_logger
 from libs.vcuda import api_pb2 as pb
 from libs.vcuda import api_pb2_grpc as pb_grpc
 from libs.vcuda.config import config_for, encode
-from services.vmanager.configfiles import CONFIG_NAME, PIDS_NAME, write_container_files
+from services.vmanager.configfiles import CONFIG_NAME, PIDS_NAME, has_spare, take_spare, write_container_files
 from services.vmanager.containers import ContainerNames, ContainerRef, ContainerUnknown, WatchdogUnavailable
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
 from services.vmanager.peergate import Caller, Callers
@@ -72,6 +74,8 @@ class VDeviceRegistrations:
         self.names = names
         self.lookup_patience = lookup_patience
         self.cgroup_root = cgroup_root
+        # Told the directory whose spare a registration took (PodSockets.respare_soon makes the next).
+        self.on_spare_taken: Callable[[str], None] | None = None
 
     def allocation_of(self, pod_uid: str, container: str, *, claim_uid: str = "") -> Allocation | None:
         """The grant whose limits the container gets: through a claim's directory (``claim_uid``) the
@@ -131,11 +135,15 @@ class VDeviceRegistrations:
             data = encode(config_for(alloc, container_name=name, driver_version=driver))
         except ValueError as exc:
             raise RegisterError(grpc.StatusCode.INTERNAL, f"cannot encode vcuda.config: {exc}") from exc
+        strict = bool(req.container_id)
         try:
-            # One trip to a worker thread for both (the cgroup read and the two small writes): each
-            # hand-off costs the registering container a loop turn or two on a busy node.
-            written, pids = await asyncio.to_thread(self._write_files, caller, container_id, ref.qos_class,
-                                                    pod_dir, entry, data, strict=bool(req.container_id))
+            done = self._write_first(caller, container_id, ref.qos_class, pod_dir, entry, data, strict=strict)
+            if done is None:
+                # One trip to a worker thread for all of it (the cgroup read and the two small writes):
+                # each hand-off costs the registering container a loop turn or two on a busy node.
+                done = await asyncio.to_thread(self._write_files, caller, container_id, ref.qos_class,
+                                               pod_dir, entry, data, strict=strict)
+            written, pids = done
         except ValueError as exc:
             raise _invalid(str(exc)) from exc
         except FileNotFoundError as exc:
@@ -146,12 +154,38 @@ class VDeviceRegistrations:
             raise RegisterError(grpc.StatusCode.INTERNAL, message) from exc
         return Bound(entry, name, written[CONFIG_NAME], pids, ref.via)
 
+    def _write_first(self, caller: Caller, container_id: str | None, qos: str, pod_dir: Path, entry: str,
+                     config: bytes, *, strict: bool) -> tuple[dict[str, bool], int] | None:
+        """A container's first registration, written into the pod's spare directory (configfiles.py):
+        one rename and two writes into files that exist, quick enough for the loop. None when the pod
+        has no spare or the container's directory exists (``_write_files`` then)."""
+        if not has_spare(pod_dir) or os.path.lexists(pod_dir / entry):
+            return None
+        pids = self._pids(caller, container_id, qos)  # the cgroup's files: memory, not the disk
+        files = self._files(caller, container_id, pids, entry, config, strict=strict)
+        staged = take_spare(pod_dir, entry)
+        if staged is None:
+            return None
+        try:
+            written = staged.commit(files)
+        finally:
+            staged.discard()
+        if self.on_spare_taken is not None:
+            self.on_spare_taken(pod_dir.name)
+        return written, len(pids)
+
     def _write_files(self, caller: Caller, container_id: str | None, qos: str, pod_dir: Path, entry: str,
                      config: bytes, *, strict: bool) -> tuple[dict[str, bool], int]:
         """pids.config (when the container's cgroup is found) then vcuda.config; what changed, and how
-        many pids. ``strict`` (the caller named its container id): no pids is an error."""
-        files = {}
+        many pids."""
         pids = self._pids(caller, container_id, qos)
+        files = self._files(caller, container_id, pids, entry, config, strict=strict)
+        return write_container_files(pod_dir, entry, files), len(pids)
+
+    def _files(self, caller: Caller, container_id: str | None, pids: list[int], entry: str, config: bytes, *,
+               strict: bool) -> dict[str, bytes]:
+        """The files to write, in order. ``strict`` (the caller named its container id): no pids is an error."""
+        files = {}
         if pids:
             files[PIDS_NAME] = encode_pids(pids)
         elif strict:
@@ -162,19 +196,20 @@ class VDeviceRegistrations:
             _logger.warning("pids.config not written: the caller's container is unknown",
                          pod_uid=caller.pod_uid, container=entry)
         files[CONFIG_NAME] = config
-        return write_container_files(pod_dir, entry, files), len(pids)
+        return files
 
     def _pids(self, caller: Caller, container_id: str | None, qos: str) -> list[int]:
         if container_id is None:
             return []
-        extra = []
-        # Where the caller itself lives, for layouts no formula knows (only a plain absolute path).
+        likely = []
+        # Where the caller itself lives: its container's cgroup, whose name gave the container id
+        # (only a plain absolute path, as seen from the host's cgroup namespace).
         if caller.owner and caller.owner.container_id == container_id and caller.owner.path.startswith("/"):
             rel = PurePosixPath(caller.owner.path.lstrip("/"))
             if ".." not in rel.parts:
-                extra.append(rel)
+                likely.append(rel)
         try:
-            found = find_container_cgroup(self.cgroup_root, caller.pod_uid, container_id, qos, extra=extra)
+            found = find_container_cgroup(self.cgroup_root, caller.pod_uid, container_id, qos, likely=likely)
             return read_pids(found) if found else []
         except OSError as exc:
             _logger.warning("cannot read the container's cgroup", container_id=container_id, error=str(exc))

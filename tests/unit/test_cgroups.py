@@ -74,15 +74,20 @@ def test_v2_root_wins_over_stray_v1_names(tmp_path: Path) -> None:
     assert read_pids(find_container_cgroup(root, POD, CID) or Path("/nonexistent")) == [10]
 
 
-def test_extra_candidate_is_tried_last_and_stays_inside(tmp_path: Path) -> None:
+def test_a_likely_path_is_tried_first_and_stays_inside(tmp_path: Path) -> None:
     root = tmp_path / "cgroup"
     rel = PurePosixPath("custom.slice", f"pod-{CID}")
     expected = add_container(root, "v2", rel, [7])
     assert find_container_cgroup(root, POD, CID) is None
-    assert find_container_cgroup(root, POD, CID, extra=[rel]) == expected
+    assert find_container_cgroup(root, POD, CID, likely=[rel]) == expected
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "cgroup.procs").write_text("1\n")
-    assert find_container_cgroup(root, POD, CID, extra=[PurePosixPath("../outside")]) is None
+    assert find_container_cgroup(root, POD, CID, likely=[PurePosixPath("../outside")]) is None
+    # Before the formulas: where the registering process lives wins over a layout's guess.
+    formula = add_container(root, "v2", container_path(POD, CID, driver="cgroupfs", runtime="containerd",
+                                                       qos="BestEffort"), [8])
+    assert find_container_cgroup(root, POD, CID) == formula
+    assert find_container_cgroup(root, POD, CID, likely=[rel]) == expected
 
 
 def test_paths_by_qos() -> None:

@@ -10,7 +10,10 @@ import pytest
 from services.vmanager.configfiles import (
     CONFIG_NAME,
     PIDS_NAME,
+    SPARE_NAME,
     container_dir,
+    make_spare,
+    take_spare,
     write_atomic,
     write_container_config,
     write_container_files,
@@ -111,3 +114,62 @@ def test_container_files_are_not_fsynced_durable_files_are(workdir: Path, monkey
     assert synced == []
     assert write_atomic(workdir / "ld.so.preload", b"/usr/local/vgpu/libvgpu.so\n")
     assert len(synced) == 2  # the file, then its directory
+
+
+def test_a_first_registration_takes_the_spare_by_one_rename(workdir: Path) -> None:
+    pod_dir = workdir / "pod"
+    pod_dir.mkdir()
+    assert take_spare(pod_dir, "cid") is None  # no spare yet
+    assert make_spare(pod_dir) and not make_spare(pod_dir)  # one at a time
+    spare = pod_dir / SPARE_NAME
+    made = sorted(os.listdir(spare))
+    assert len(made) == 2 and all(n.endswith(".tmp") and os.path.getsize(spare / n) == 0 for n in made)
+    inodes = {os.stat(spare / n).st_ino for n in made}
+
+    staged = take_spare(pod_dir, "cid")
+    assert staged is not None and not spare.exists()
+    assert staged.commit({PIDS_NAME: b"\x07\x00\x00\x00", CONFIG_NAME: b"cfg"}) == {PIDS_NAME: True,
+                                                                                     CONFIG_NAME: True}
+    staged.discard()  # nothing left to take back; the files stay
+    written = pod_dir / "cid"
+    assert sorted(os.listdir(written)) == sorted([CONFIG_NAME, PIDS_NAME])
+    assert {os.stat(written / n).st_ino for n in (CONFIG_NAME, PIDS_NAME)} == inodes  # no new inode
+    assert (written / CONFIG_NAME).read_bytes() == b"cfg"
+    assert os.stat(written / CONFIG_NAME).st_mode & 0o777 == 0o644
+    assert os.stat(written).st_mode & 0o777 == 0o755
+
+    # Not a first registration: the directory is there, the next spare stays for another container.
+    assert make_spare(pod_dir)
+    assert take_spare(pod_dir, "cid") is None and spare.is_dir()
+    with pytest.raises(ValueError):
+        take_spare(pod_dir, "../escape")
+    assert spare.is_dir()
+
+
+def test_a_spare_left_unused_leaves_nothing(workdir: Path) -> None:
+    pod_dir = workdir / "pod"
+    pod_dir.mkdir()
+    assert make_spare(pod_dir)
+    staged = take_spare(pod_dir, "cid")
+    assert staged is not None
+    staged.discard()  # the registration failed before writing
+    assert os.listdir(pod_dir) == []
+    with pytest.raises(FileNotFoundError):  # a pod no longer served: nothing is created
+        make_spare(workdir / "gone")
+    assert sorted(os.listdir(workdir)) == ["pod"]
+
+
+def test_a_spare_is_never_seen_half_made(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pod_dir = workdir / "pod"
+    pod_dir.mkdir()
+    real_open = os.open
+
+    def failing_open(path: object, flags: int, mode: int = 0o777, **kwargs: object) -> int:
+        if str(path).endswith(".vcuda.config.tmp"):
+            raise OSError(28, "No space left on device")
+        return real_open(path, flags, mode, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", failing_open)
+    with pytest.raises(OSError, match="No space left"):
+        make_spare(pod_dir)
+    assert os.listdir(pod_dir) == []  # neither a spare nor the half-built directory

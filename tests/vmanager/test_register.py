@@ -13,6 +13,7 @@ from libs.bus import Bus
 from libs.config import Settings
 from libs.vcuda import VcudaClientError
 from services.vmanager.app import VmanagerService
+from services.vmanager.configfiles import has_spare
 from services.vmanager.names import is_container_id
 from tests.builders.cgroups import enter_container
 from tests.polling import eventually
@@ -90,9 +91,11 @@ async def test_rewrite_only_when_changed_and_no_temp_files(
     uid, cid = new_pod_uid(), new_container_id()
     watchdog.add(pod(uid, {"main": cid}))
     sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
+    spare = os.stat(settings.vm_root / uid / ".spare" / ".vcuda.config.tmp").st_ino  # made when served
     await register(sock, pod_uid=uid, container_id=cid, timeout=5)
     path = settings.vm_root / uid / cid / "vcuda.config"
     first = os.stat(path)
+    assert first.st_ino == spare  # the first registration filled the spare's file
     for _ in range(3):  # every CUDA process of the container registers
         await register(sock, pod_uid=uid, container_id=cid, timeout=5)
     assert os.stat(path).st_ino == first.st_ino and os.stat(path).st_mtime_ns == first.st_mtime_ns
@@ -103,7 +106,9 @@ async def test_rewrite_only_when_changed_and_no_temp_files(
     assert os.stat(path).st_ino != first.st_ino
     assert path.read_bytes()[0x2010:0x201C] == (2 * BLOCK).to_bytes(8, "little") + (60).to_bytes(4, "little")
     assert sorted(os.listdir(path.parent)) == ["pids.config", "vcuda.config"]
-    assert sorted(os.listdir(path.parent.parent)) == [cid, "vcuda.sock"]
+    # The first registration took the pod's spare directory; another is made for the next container.
+    await eventually(lambda: has_spare(path.parent.parent), timeout=5, interval=0.01, what="the next spare")
+    assert sorted(os.listdir(path.parent.parent)) == [".spare", cid, "vcuda.sock"]
 
 
 async def test_uses_the_recorded_driver_version(
@@ -214,4 +219,4 @@ async def test_watchdog_unreachable_is_unavailable(
         await register(sock, pod_uid=uid, container_id=new_container_id(), timeout=5)
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
     assert "watchdog" in info.value.message
-    assert sorted(os.listdir(settings.vm_root / uid)) == ["vcuda.sock"]
+    assert sorted(os.listdir(settings.vm_root / uid)) == [".spare", "vcuda.sock"]
