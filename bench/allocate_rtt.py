@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
-from libs.lifeline import die_with_parent
+from libs.lifeline import with_lifeline
 from libs.logger import configure_logging
 from libs.metrics import PORT_OFFSETS
 
@@ -135,11 +135,11 @@ def hop_rows(before: Buckets, after: Buckets) -> list[dict[str, object]]:
 # and the floors' plugins to a third of one group's CPU, where on a node the load runs in pods' cgroups
 # and the kubelet in its own. Each in its own group, the result is also that of a kernel without
 # autogroup (docs/benchmarks.md, fourth round).
-OWN_GROUP: dict[str, Any] = {"start_new_session": True, "preexec_fn": die_with_parent()}
+OWN_GROUP: dict[str, Any] = {"start_new_session": True}  # and each argv through with_lifeline
 
 def start_burners() -> list[subprocess.Popen[bytes]]:
     """One busy-looping process per CPU core (the load of the ``loaded`` phase)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], **OWN_GROUP)
+    return [subprocess.Popen(with_lifeline([sys.executable, "-c", "while True: pass"]), **OWN_GROUP)
             for _ in range(os.cpu_count() or 1)]
 
 
@@ -172,7 +172,7 @@ def free_base_port() -> int:
 
 async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_level: str) -> dict[str, object]:
     driver = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.kubelet_driver", str(workdir), NODE,
+        *with_lifeline([sys.executable, "-m", "bench.kubelet_driver", str(workdir), NODE]),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 24,  # a phase's times are one long line
         **OWN_GROUP)
     assert driver.stdin and driver.stdout
@@ -194,8 +194,8 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
         for module, *args in (("bench.echo_ledger", str(workdir / "echo.db"), nats.url),
                               ("bench.echo_plugin", str(workdir / "dp")),
                               ("bench.echo_plugin", str(workdir / "dp"), "--bus", nats.url)):
-            helper = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args, stdout=subprocess.PIPE,
-                                                          **OWN_GROUP)
+            helper = await asyncio.create_subprocess_exec(*with_lifeline([sys.executable, "-m", module, *args]),
+                                                          stdout=subprocess.PIPE, **OWN_GROUP)
             helpers.append(helper)
             assert helper.stdout
             if (await asyncio.wait_for(helper.stdout.readline(), 60)).strip() != b"ready":

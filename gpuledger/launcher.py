@@ -39,7 +39,7 @@ from gpuledger.agent import SERVICES
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.errors import GpuledgerError
-from libs.lifeline import describe_exit, die_with_parent, process_alive
+from libs.lifeline import describe_exit, process_alive, with_lifeline
 from libs.logger import get_logger
 
 __all__ = ["BROKER", "SERVICES", "Child", "Launcher", "LauncherError", "settings_env"]
@@ -104,6 +104,10 @@ class Child:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    @property
+    def cmdline(self) -> list[str]:
+        return list(self.argv)
+
     async def start(self) -> None:
         out: int | IO[bytes] | None = None
         if self.log_path is not None and self._log_file is None:
@@ -111,8 +115,8 @@ class Child:
             self._log_file = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 (closed in stop)
         out = self._log_file
         self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, env={**os.environ, **self.env}, stdin=asyncio.subprocess.DEVNULL,
-            stdout=out, stderr=out, start_new_session=True, preexec_fn=die_with_parent(),
+            *with_lifeline(self.argv), env={**os.environ, **self.env}, stdin=asyncio.subprocess.DEVNULL,
+            stdout=out, stderr=out, start_new_session=True,
         )
         self.started_at = time.monotonic()
         _logger.info("started", child=self.name, pid=self.proc.pid)
@@ -153,6 +157,10 @@ class Broker:
     @property
     def pid(self) -> int | None:
         return self.server.pid
+
+    @property
+    def cmdline(self) -> list[str]:
+        return list(self.server.argv)
 
     async def start(self) -> None:
         await self.server.start()
@@ -252,7 +260,9 @@ class Launcher:
         return {
             "pid": os.getpid(),
             "children": {
-                u.name: {"pid": u.pid, "cmdline": _cmdline(u.pid) if u.pid else [], "restarts": u.restarts,
+                # What the child runs once it has armed its lifeline and exec'd (libs/lifeline.py):
+                # /proc shows the same from then on, and it is what clear_stale compares.
+                u.name: {"pid": u.pid, "cmdline": u.cmdline if u.pid else [], "restarts": u.restarts,
                          "last_exit": u.last_exit}
                 for u in units
             },

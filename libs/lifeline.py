@@ -2,44 +2,48 @@
 
 ``gpuledger up`` starts every child in its own session (so a terminal's Ctrl-C reaches only the
 launcher, which stops them in order). A session of its own also means a ``kill -9`` of the launcher
-would leave the children running for good; the Linux parent-death signal (``prctl(PR_SET_PDEATHSIG)``,
-set in the child between fork and exec) makes the kernel SIGKILL each child when the launcher goes,
-however it goes. SIGKILL, not SIGTERM: it also ends a child that is frozen (SIGSTOP) at that moment,
-and every service is built to survive a SIGKILL.
+would leave the children running for good; the Linux parent-death signal (``prctl(PR_SET_PDEATHSIG)``)
+makes the kernel SIGKILL each child when the launcher goes, however it goes. SIGKILL, not SIGTERM: it
+also ends a child that is frozen (SIGSTOP) at that moment, and every service is built to survive a
+SIGKILL.
+
+The child arms the signal itself, in a small Python program that then execs the real command (same
+pid; the setting survives the exec): not in a ``preexec_fn``. A ``preexec_fn`` makes Python fork
+instead of vfork, and a fork runs gRPC's fork handlers in a process whose gRPC threads are busy (the
+node simulator's kubelet beside ``gpuledger up --demo``, the test suite, the benchmarks): about one
+child start in ten died of SIGABRT before its exec (``Epoll1Poller ... epoll_wait error: Bad file
+descriptor``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["describe_exit", "die_with_parent", "process_alive"]
-
-_PR_SET_PDEATHSIG = 1
+__all__ = ["describe_exit", "process_alive", "with_lifeline"]
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that arms the parent-death signal; None where Linux's prctl is missing.
+# Runs as ``python -I -S -c`` (no site, no user paths: a few milliseconds): argv[1] the parent's
+# pid, argv[2:] the command. PR_SET_PDEATHSIG is 1.
+_ARM_THEN_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"  # the parent died before the signal was armed
+    "    os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
-    The signal fires when the *thread* that forked exits: fork from the thread that lives as long as
-    the launcher (asyncio's loop thread).
-    """
+
+def with_lifeline(argv: list[str]) -> list[str]:
+    """``argv`` started so that it dies with this process (the thread that starts it: start children
+    from the thread that lives as long as this process, asyncio's loop thread). Unchanged where
+    Linux's prctl is missing."""
     if not sys.platform.startswith("linux"):
-        return None
-    parent = os.getpid()
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def arm() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return arm
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _ARM_THEN_EXEC, str(os.getpid()), *argv]
 
 
 def describe_exit(returncode: int | None) -> str:

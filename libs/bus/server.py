@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from libs.errors import BusError
-from libs.lifeline import die_with_parent
+from libs.lifeline import with_lifeline
 from libs.logger import get_logger
 
 __all__ = ["NatsServer", "find_nats_server"]
@@ -51,6 +51,7 @@ class NatsServer:
         self.host = host
         self.port = port
         self.url = ""
+        self.argv: list[str] = []  # the command line of the last start
         self._proc: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
 
@@ -63,14 +64,15 @@ class NatsServer:
             args = ["-c", str(conf)]
         else:
             args = ["-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        self.argv = [find_nats_server(), *args]
         self._proc = await asyncio.create_subprocess_exec(
-            find_nats_server(), *args,
+            *with_lifeline(self.argv),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             # Own session: a terminal's Ctrl-C reaches our owner, which stops the broker last; and the
             # broker dies with its owner, whatever kills it.
-            start_new_session=True, preexec_fn=die_with_parent(),
+            start_new_session=True,
         )
         try:
             await asyncio.wait_for(self._wait_ready(), timeout)
