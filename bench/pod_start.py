@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import shutil
 import tempfile
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.allocate_rtt import summary
+from bench.pod_start_cpu import CpuMeter
 from bench.pod_start_trace import Trace, install
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
@@ -60,10 +62,12 @@ def manifest(name: str, out: Path, gpu: bool) -> dict[str, Any]:
 
 
 async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout: float = 60,
-                    trace: Trace | None = None) -> float:
+                    trace: Trace | None = None, cpu: CpuMeter | None = None) -> float:
     marker = out / name
     if trace is not None:
         trace.begin()
+    if cpu is not None:
+        cpu.begin()
     started = time.perf_counter()
     await sim.create_pod(manifest(name, out, gpu))
     deadline = started + timeout
@@ -73,6 +77,8 @@ async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout
             raise TimeoutError(f"{name} did not start within {timeout}s: {pod and pod.get('status')}")
         await asyncio.sleep(0.002)
     elapsed = time.perf_counter() - started
+    if cpu is not None:
+        cpu.end("gpu" if gpu else "plain")
     if trace is not None:
         trace.end("gpu" if gpu else "plain")
     # Not timed: let the kubelet finish reporting the start, then delete.
@@ -82,12 +88,13 @@ async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout
 
 
 async def run(pods: int, breakdown: bool = False, services: str = "processes",
-              runtime_endpoint: bool = True) -> dict[str, Any]:
+              runtime_endpoint: bool = True, cpu: bool = False) -> dict[str, Any]:
     trace = install() if breakdown else None
+    meter = CpuMeter() if cpu else None
     root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
     try:
         with fake_gpus_on_host(root) as gpus:
-            result = await _measure(root, gpus, pods, services, trace, runtime_endpoint)
+            result = await _measure(root, gpus, pods, services, trace, runtime_endpoint, meter)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     gpu, plain = result.pop("gpu_times"), result.pop("plain_times")
@@ -100,11 +107,12 @@ async def run(pods: int, breakdown: bool = False, services: str = "processes",
         "p50_overhead_pct": round(100 * (gpu["p50_ms"] / plain["p50_ms"] - 1), 1),
         "p99_overhead_pct": round(100 * (gpu["p99_ms"] / plain["p99_ms"] - 1), 1),
         **({"breakdown_median_ms": trace.table()} if trace else {}),
+        **({"cpu_median_ms": meter.table()} if meter else {}),
     }
 
 
 async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: Trace | None,
-                   runtime_endpoint: bool) -> dict[str, Any]:
+                   runtime_endpoint: bool, cpu: CpuMeter | None = None) -> dict[str, Any]:
     from services.allocator import app as allocator_app
     from services.registrar import app as registrar_app
     from services.vmanager import app as vmanager_app
@@ -141,10 +149,16 @@ async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: 
             for i in range(3):  # warm-up, not counted
                 await start_one(sim, out, f"warm-gpu-{i}", True)
                 await start_one(sim, out, f"warm-plain-{i}", False)
+            if cpu is not None:
+                cpu.watch("broker", nats.pid)
+                cpu.watch("containerd", sim.runtime.containerd.pid)
+                cpu.watch("bench+kubelet", os.getpid())  # the simulator, its kubelet, in-process services
+                for child in launcher.children if services == "processes" else []:
+                    cpu.watch(child.name, child.pid)
             gpu_times, plain_times = [], []
             for i in range(pods):
-                gpu_times.append(await start_one(sim, out, f"gpu-{i}", True, trace=trace))
-                plain_times.append(await start_one(sim, out, f"plain-{i}", False, trace=trace))
+                gpu_times.append(await start_one(sim, out, f"gpu-{i}", True, trace=trace, cpu=cpu))
+                plain_times.append(await start_one(sim, out, f"plain-{i}", False, trace=trace, cpu=cpu))
     finally:
         await nats.stop()
     return {"containerd_start_s": round(containerd_start, 3),
@@ -164,12 +178,15 @@ def main() -> None:
                              "pod's status through the watchdog (the fallback)")
     parser.add_argument("--breakdown", action="store_true",
                         help="time each step of a pod start (bench/pod_start_trace.py) and print the medians")
+    parser.add_argument("--cpu", action="store_true",
+                        help="CPU time each process (and the whole machine) spent inside each pod's timed "
+                             "window, means per kind of pod (bench/pod_start_cpu.py)")
     args = parser.parse_args()
     reason = runtime_unavailable_reason()
     if reason:
         raise SystemExit(f"bench.pod_start needs the real runtime: {reason}")
     configure_logging("bench", fmt="console", level="warning")
-    result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint))
+    result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint, args.cpu))
     for key in ("gpu", "plain"):
         r = result[key]
         print(f"{r['name']:<22} n={r['n']} p50={r['p50_ms']:.1f} ms p99={r['p99_ms']:.1f} ms "
@@ -180,6 +197,11 @@ def main() -> None:
         print(f"-- {kind}: median ms per step (@step: ms after create_pod when it began)")
         for step, ms in steps.items():
             print(f"   {step:<45} {ms:8.2f}")
+    cpu_table = result.get("cpu_median_ms")
+    if cpu_table:
+        print("-- CPU ms inside each pod's window (means): " + ", ".join(cpu_table["gpu"]))
+        for kind in ("gpu", "plain"):
+            print(f"   {kind:<6} " + "  ".join(f"{v:7.2f}" for v in cpu_table[kind].values()))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

@@ -150,6 +150,10 @@ class Containerd:
         self._log_file: object = None
         self.start_seconds = 0.0
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def start(self, timeout: float = 30.0) -> None:
         reason = runtime_unavailable_reason()
         if reason:
