@@ -61,8 +61,10 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         for row in cp.rows
     ]
     data = {"PodDeviceEntries": entries or None, "RegisteredDevices": cp.registered}
-    checksum = zlib.crc32(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
-    return json.dumps({"Data": data, "Checksum": checksum}, separators=(",", ":")).encode()
+    # Encoded once: the checksummed text is the file's Data as it stands (hundreds of registered IDs,
+    # written at every Allocate, made encoding twice half of the emulated kubelet's checkpoint time).
+    encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return b'{"Data":' + encoded + b',"Checksum":' + str(zlib.crc32(encoded)).encode() + b"}"
 
 
 def write_checkpoint(directory: Path, cp: Checkpoint) -> None:

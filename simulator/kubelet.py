@@ -105,11 +105,15 @@ class Kubelet:
         """This node's active pods in creation order (the kubelet's GetActivePods)."""
         return self._store.list(lambda p: self.bound_here(p) and is_pod_active(p))
 
+    def peek_active_pods(self) -> list[dict[str, Any]]:
+        """``active_pods`` without copies: read them, never change them."""
+        return self._store.peek_all(lambda p: self.bound_here(p) and is_pod_active(p))
+
     def active_pod_uids(self) -> set[str]:
-        return {pod_uid(p) for p in self.active_pods()}
+        return {pod_uid(p) for p in self.peek_active_pods()}
 
     def is_uid_active(self, uid: str) -> bool:
-        pod = self._store.get_by_uid(uid)
+        pod = self._store.peek_by_uid(uid)
         return pod is not None and self.bound_here(pod) and is_pod_active(pod)
 
     # -- admission -----------------------------------------------------------------------------

@@ -112,7 +112,7 @@ class PodResourcesServer(pr_grpc.PodResourcesListerServicer):
             await self._limit(context, rec)
             self._manager.update_allocated_devices()
             resp = pr.ListPodResourcesResponse(
-                pod_resources=[self._pod_resources(p) for p in self._kubelet.active_pods()
+                pod_resources=[self._pod_resources(p) for p in self._kubelet.peek_active_pods()
                                if pod_uid(p) in self._kubelet.known]
             )
             rec.response = resp
