@@ -15,7 +15,7 @@ Each phase runs the same request sequence against all three: pods take turns (ou
 durable echo, ours, ...), so whatever the machine does meanwhile falls on all; ours are timed twice
 as often as each floor. Phases: ``idle`` (nothing added), ``loaded``
 (one busy-looping process per CPU core, started by this benchmark, each in a scheduling group of its own
-like every process here: see OWN_GROUP). After each phase the registrar's
+like every process here: see start_burners). After each phase the registrar's
 and the allocator's ``/metrics`` are scraped and the per-hop histograms (registrar total, bus round
 trip, allocator decide, append+fsync, reply) are printed as the phase's difference.
 
@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
-from libs.lifeline import with_lifeline
+from libs.lifeline import start_in_own_session, with_lifeline
 from libs.logger import configure_logging
 from libs.metrics import PORT_OFFSETS
 
@@ -134,12 +133,10 @@ def hop_rows(before: Buckets, after: Buckets) -> list[dict[str, object]]:
 # (autogroup, on by default): sharing the benchmark's session, the busy loops held the simulated kubelet
 # and the floors' plugins to a third of one group's CPU, where on a node the load runs in pods' cgroups
 # and the kubelet in its own. Each in its own group, the result is also that of a kernel without
-# autogroup (docs/benchmarks.md, fourth round).
-OWN_GROUP: dict[str, Any] = {"start_new_session": True}  # and each argv through with_lifeline
-
+# autogroup (docs/benchmarks.md, fourth round). The others start through start_in_own_session.
 def start_burners() -> list[subprocess.Popen[bytes]]:
     """One busy-looping process per CPU core (the load of the ``loaded`` phase)."""
-    return [subprocess.Popen(with_lifeline([sys.executable, "-c", "while True: pass"]), **OWN_GROUP)
+    return [subprocess.Popen(with_lifeline([sys.executable, "-c", "while True: pass"]), start_new_session=True)
             for _ in range(os.cpu_count() or 1)]
 
 
@@ -171,10 +168,9 @@ def free_base_port() -> int:
 # --- the run ------------------------------------------------------------------------------------
 
 async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_level: str) -> dict[str, object]:
-    driver = await asyncio.create_subprocess_exec(
-        *with_lifeline([sys.executable, "-m", "bench.kubelet_driver", str(workdir), NODE]),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 24,  # a phase's times are one long line
-        **OWN_GROUP)
+    driver = await start_in_own_session(
+        [sys.executable, "-m", "bench.kubelet_driver", str(workdir), NODE],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 24)  # a phase's times are one long line
     assert driver.stdin and driver.stdout
     nats = NatsServer(workdir / "nats")
     base = free_base_port()
@@ -194,8 +190,7 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
         for module, *args in (("bench.echo_ledger", str(workdir / "echo.db"), nats.url),
                               ("bench.echo_plugin", str(workdir / "dp")),
                               ("bench.echo_plugin", str(workdir / "dp"), "--bus", nats.url)):
-            helper = await asyncio.create_subprocess_exec(*with_lifeline([sys.executable, "-m", module, *args]),
-                                                          stdout=subprocess.PIPE, **OWN_GROUP)
+            helper = await start_in_own_session([sys.executable, "-m", module, *args], stdout=subprocess.PIPE)
             helpers.append(helper)
             assert helper.stdout
             if (await asyncio.wait_for(helper.stdout.readline(), 60)).strip() != b"ready":

@@ -39,7 +39,7 @@ from gpuledger.agent import SERVICES
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.errors import GpuledgerError
-from libs.lifeline import describe_exit, process_alive, with_lifeline
+from libs.lifeline import describe_exit, process_alive, start_in_own_session
 from libs.logger import get_logger
 
 __all__ = ["BROKER", "SERVICES", "Child", "Launcher", "LauncherError", "settings_env"]
@@ -114,10 +114,8 @@ class Child:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 (closed in stop)
         out = self._log_file
-        self.proc = await asyncio.create_subprocess_exec(
-            *with_lifeline(self.argv), env={**os.environ, **self.env}, stdin=asyncio.subprocess.DEVNULL,
-            stdout=out, stderr=out, start_new_session=True,
-        )
+        self.proc = await start_in_own_session(
+            self.argv, env={**os.environ, **self.env}, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out)
         self.started_at = time.monotonic()
         _logger.info("started", child=self.name, pid=self.proc.pid)
 

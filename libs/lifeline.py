@@ -11,19 +11,21 @@ The child arms the signal itself, in a small Python program that then execs the 
 pid; the setting survives the exec): not in a ``preexec_fn``. A ``preexec_fn`` makes Python fork
 instead of vfork, and a fork runs gRPC's fork handlers in a process whose gRPC threads are busy (the
 node simulator's kubelet beside ``gpuledger up --demo``, the test suite, the benchmarks): about one
-child start in ten died of SIGABRT before its exec (``Epoll1Poller ... epoll_wait error: Bad file
-descriptor``).
+child start in ten died of SIGABRT or SIGSEGV before its exec (``Epoll1Poller ... epoll_wait error:
+Bad file descriptor``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["describe_exit", "process_alive", "with_lifeline"]
+__all__ = ["describe_exit", "process_alive", "start_in_own_session", "with_lifeline"]
 
 
 # Runs as ``python -I -S -c`` (no site, no user paths: a few milliseconds): argv[1] the parent's
@@ -44,6 +46,12 @@ def with_lifeline(argv: list[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return list(argv)
     return [sys.executable, "-I", "-S", "-c", _ARM_THEN_EXEC, str(os.getpid()), *argv]
+
+
+async def start_in_own_session(argv: list[str], **kwargs: Any) -> asyncio.subprocess.Process:
+    """``argv`` in a session of its own, dying with this process (``with_lifeline``); ``kwargs`` go to
+    ``asyncio.create_subprocess_exec`` (its streams, its environment)."""
+    return await asyncio.create_subprocess_exec(*with_lifeline(argv), start_new_session=True, **kwargs)
 
 
 def describe_exit(returncode: int | None) -> str:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from libs.errors import BusError
-from libs.lifeline import with_lifeline
+from libs.lifeline import start_in_own_session
 from libs.logger import get_logger
 
 __all__ = ["NatsServer", "find_nats_server"]
@@ -65,14 +65,11 @@ class NatsServer:
         else:
             args = ["-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
         self.argv = [find_nats_server(), *args]
-        self._proc = await asyncio.create_subprocess_exec(
-            *with_lifeline(self.argv),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
+        # Own session: a terminal's Ctrl-C reaches our owner, which stops the broker last; and the
+        # broker dies with its owner, whatever kills it.
+        self._proc = await start_in_own_session(
+            self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-            # Own session: a terminal's Ctrl-C reaches our owner, which stops the broker last; and the
-            # broker dies with its owner, whatever kills it.
-            start_new_session=True,
         )
         try:
             await asyncio.wait_for(self._wait_ready(), timeout)
