@@ -101,12 +101,9 @@ class Kubelet:
     def bound_here(self, pod: dict[str, Any]) -> bool:
         return (pod.get("spec") or {}).get("nodeName") == self._cfg.node_name
 
-    def active_pods(self) -> list[dict[str, Any]]:
-        """This node's active pods in creation order (the kubelet's GetActivePods)."""
-        return self._store.list(lambda p: self.bound_here(p) and is_pod_active(p))
-
     def peek_active_pods(self) -> list[dict[str, Any]]:
-        """``active_pods`` without copies: read them, never change them."""
+        """This node's active pods in creation order (the kubelet's GetActivePods), the stored objects
+        themselves: read them, never change them."""
         return self._store.peek_all(lambda p: self.bound_here(p) and is_pod_active(p))
 
     def active_pod_uids(self) -> set[str]:

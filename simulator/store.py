@@ -76,12 +76,12 @@ class PodStore:
     # -- reads ---------------------------------------------------------------------------------
 
     def get(self, namespace: str, name: str) -> Pod | None:
-        pod = self._pods.get((namespace, name))
+        pod = self.peek(namespace, name)
         return copy.deepcopy(pod) if pod is not None else None
 
     def get_by_uid(self, uid: str) -> Pod | None:
-        key = self._by_uid.get(uid)
-        return self.get(*key) if key else None
+        pod = self.peek_by_uid(uid)
+        return copy.deepcopy(pod) if pod is not None else None
 
     def peek(self, namespace: str, name: str) -> Pod | None:
         """The stored object itself, read-only by convention (no copy, for hot predicates)."""
@@ -89,7 +89,7 @@ class PodStore:
 
     def peek_by_uid(self, uid: str) -> Pod | None:
         key = self._by_uid.get(uid)
-        return self._pods.get(key) if key else None
+        return self.peek(*key) if key else None
 
     def list(self, predicate: Callable[[Pod], bool] | None = None) -> list[Pod]:
         """Matching pods in creation order."""
