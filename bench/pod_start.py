@@ -64,6 +64,7 @@ def manifest(name: str, out: Path, gpu: bool) -> dict[str, Any]:
 async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout: float = 60,
                     trace: Trace | None = None, cpu: CpuMeter | None = None) -> float:
     marker = out / name
+    kind = "gpu" if gpu else "plain"
     if trace is not None:
         trace.begin()
     if cpu is not None:
@@ -78,9 +79,9 @@ async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout
         await asyncio.sleep(0.002)
     elapsed = time.perf_counter() - started
     if cpu is not None:
-        cpu.end("gpu" if gpu else "plain")
+        cpu.end(kind)
     if trace is not None:
-        trace.end("gpu" if gpu else "plain")
+        trace.end(kind)
     # Not timed: let the kubelet finish reporting the start, then delete.
     await sim.wait_for_pod("default", name, lambda p: p["status"].get("phase") == "Running", timeout)
     await sim.delete_pod("default", name)
@@ -107,7 +108,7 @@ async def run(pods: int, breakdown: bool = False, services: str = "processes",
         "p50_overhead_pct": round(100 * (gpu["p50_ms"] / plain["p50_ms"] - 1), 1),
         "p99_overhead_pct": round(100 * (gpu["p99_ms"] / plain["p99_ms"] - 1), 1),
         **({"breakdown_median_ms": trace.table()} if trace else {}),
-        **({"cpu_median_ms": meter.table()} if meter else {}),
+        **({"cpu_mean_ms": meter.table()} if meter else {}),
     }
 
 
@@ -197,7 +198,7 @@ def main() -> None:
         print(f"-- {kind}: median ms per step (@step: ms after create_pod when it began)")
         for step, ms in steps.items():
             print(f"   {step:<45} {ms:8.2f}")
-    cpu_table = result.get("cpu_median_ms")
+    cpu_table = result.get("cpu_mean_ms")
     if cpu_table:
         print("-- CPU ms inside each pod's window (means): " + ", ".join(cpu_table["gpu"]))
         for kind in ("gpu", "plain"):

@@ -1,6 +1,7 @@
 """CPU time inside each pod's timed window (``bench.pod_start --cpu``): per watched process, from the
 per-thread ``/proc/<pid>/task/*/schedstat`` (nanoseconds on a CPU), and for the whole machine from
-``/proc/stat`` (clock ticks, 10 ms: only its mean over many pods says anything).
+``/proc/stat`` (clock ticks, 10 ms: only its mean over many pods says anything). Not bench/footprint.py's
+``cpu_seconds``: ``/proc/<pid>/stat`` counts in those ticks too, coarser than a window of a few ms.
 
 Means, not medians: the machine's ticks are too coarse for a median, and means add up (a process's
 extra CPU for a GPU pod is the difference of two means). A thread that ends inside a window takes
@@ -60,7 +61,7 @@ class CpuMeter:
 
     def end(self, kind: str) -> None:
         if not self._start:
-            return  # not watching yet (warm-up)
+            return  # no begin since the last end: no window to record
         now = self._read()
         self.windows[kind].append({k: (now[k] - self._start[k]) / 1e6 for k in now})
         self._start = {}
