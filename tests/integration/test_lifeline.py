@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from libs.lifeline import process_alive, with_lifeline
+from libs.lifeline import process_alive, start_in_own_session
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the parent-death signal is Linux's prctl")
@@ -50,9 +50,8 @@ async def test_children_started_while_grpc_is_busy_all_reach_their_command(tmp_p
         await asyncio.sleep(0.1)
         codes = []
         for _ in range(40):
-            child = await asyncio.create_subprocess_exec(
-                *with_lifeline(["/bin/sh", "-c", "exit 7"]), start_new_session=True,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            child = await start_in_own_session(  # as the launcher starts its services
+                ["/bin/sh", "-c", "exit 7"], stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             codes.append(await asyncio.wait_for(child.wait(), 30))
     finally:
         stopping.set()
