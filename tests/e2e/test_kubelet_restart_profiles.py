@@ -46,7 +46,10 @@ async def profiled_node(request: pytest.FixtureRequest, nats_server: NatsServer,
             "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
             "registrar": await stack.enter_async_context(registrar_app.service(settings)),
         }
+        # Both resources: a test that wipes the sockets while the kubelet still dials the second one
+        # leaves that dial hanging for its 10 s, and the registrar's next Register behind it.
         await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=20)
+        await sim.wait_for_resource(RESOURCE_VMEMORY, 256, timeout=20)
         yield node
 
 
