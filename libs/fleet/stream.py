@@ -21,11 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
+import nats.errors
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from libs.events.subjects import Subjects
 from libs.fleet.naming import FLEET_STREAM, node_domain
+from libs.logger import get_logger
+
+_logger = get_logger("fleet")
+
+# A JetStream API request can go unanswered while the cluster elects a leader; every step of
+# ensure_fleet_stream is idempotent (the same create, sources already there), so it is asked again.
+_ENSURE_TRIES = 3
 
 __all__ = ["add_nodes", "ensure_fleet_stream", "fleet_stream_config", "node_source", "remove_nodes",
            "restart_sources", "sourced_nodes", "unserved_sources"]
@@ -53,8 +61,18 @@ def fleet_stream_config(nodes: Iterable[str], *, replicas: int = 3) -> api.Strea
 
 
 async def ensure_fleet_stream(js: JetStreamContext, nodes: Iterable[str] = (), *, replicas: int = 3) -> api.StreamInfo:
-    """Create the fleet stream with these nodes' sources (all in one create), or add the missing ones."""
+    """Create the fleet stream with these nodes' sources (all in one create), or add the missing ones;
+    a request left unanswered is asked again, ``_ENSURE_TRIES`` times in all."""
     nodes = list(nodes)
+    for attempt in range(1, _ENSURE_TRIES):
+        try:
+            return await _create_or_extend(js, nodes, replicas)
+        except nats.errors.TimeoutError:
+            _logger.warning("a JetStream request on the fleet stream went unanswered: asking again", attempt=attempt)
+    return await _create_or_extend(js, nodes, replicas)
+
+
+async def _create_or_extend(js: JetStreamContext, nodes: list[str], replicas: int) -> api.StreamInfo:
     try:
         await js.stream_info(FLEET_STREAM)
     except NotFoundError:
