@@ -103,7 +103,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,
                              pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics)
         stack.push_async_callback(handlers.close)
-        relay = Relay(bus, events, replies_out=handlers.replies_out)
+        relay = Relay(bus, events, replies_out=handlers.replies.wait)
         supervisor.spawn(relay.run(), "relay")
         checkpointer = open_checkpointer(settings, bus, events)  # signed checkpoints for the outside witness
         if checkpointer is not None:

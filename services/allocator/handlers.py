@@ -74,6 +74,7 @@ from services.allocator.podresources import (
     parse_record,
 )
 from services.allocator.prestart import check_allocation
+from services.allocator.replies import RepliesOut
 
 __all__ = ["Allocator"]
 
@@ -122,9 +123,7 @@ class Allocator:
         self.settled: dict[str, DeviceHolder] = {}
         self._verifying: asyncio.Task[None] | None = None
         self._due: dict[str, float] = {}  # grants to settle -> when (monotonic), see _verify_soon
-        self._allocating = 0  # Allocates being handled (see replies_out)
-        self._answered = asyncio.Event()
-        self._answered.set()
+        self.replies = RepliesOut()  # when the relay may publish (replies.py)
 
     @property
     def state(self) -> LedgerState:
@@ -146,32 +145,23 @@ class Allocator:
             self._verifying.cancel()
             await asyncio.gather(self._verifying, return_exceptions=True)
 
-    async def replies_out(self) -> None:
-        """Until no Allocate is being handled: each handler's reply is handed to the connection as it
-        returns, before anything else runs. The relay publishes committed events after that (outbox.py)."""
-        await self._answered.wait()
-
     # --- Allocate ---
     async def _observed_allocate(self, req: AllocateRequest) -> AllocateReply:
         """`allocate`, its time from receipt to answer (a refusal's record included) told to the observer."""
         started = time.perf_counter()
-        self._allocating += 1
-        self._answered.clear()
         try:
-            reply = await self.allocate(req)
+            with self.replies.handling():
+                reply = await self.allocate(req)
         except BaseException as exc:
             self._marks.pop(req.request_id, None)
             self.observer.allocate_done(time.perf_counter() - started, exc)
             raise
-        finally:
-            self._allocating -= 1
-            if not self._allocating:
-                self._answered.set()
         self.observer.allocate_done(time.perf_counter() - started, None)
         return reply
 
     def _replied(self, req: AllocateRequest) -> None:
         """The reply is out: tell the observer the grant's steps (none for a retry answered from state)."""
+        self.replies.replied()
         marks = self._marks.pop(req.request_id, None)
         if marks is not None:
             received, decided, appended, confirmed = marks
