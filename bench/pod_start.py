@@ -40,6 +40,7 @@ from libs.logger import configure_logging
 from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
 from simulator.runtime.fakegpus import FakeGpus, fake_gpus_on_host
+from simulator.runtime.hostlock import RuntimeBusy
 
 # What a CUDA interception library does at its first call, in one process as the library does it:
 # its ids from /proc/self/cgroup, RegisterVDevice through the mounted vcuda.sock, then its own
@@ -191,7 +192,10 @@ def main() -> None:
     if reason:
         raise SystemExit(f"bench.pod_start needs the real runtime: {reason}")
     configure_logging("bench", fmt="console", level="warning")
-    result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint, args.cpu))
+    try:
+        result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint, args.cpu))
+    except RuntimeBusy as exc:
+        raise SystemExit(f"bench.pod_start: {exc}") from None
     for key in ("gpu", "plain"):
         r = result[key]
         print(f"{r['name']:<22} n={r['n']} p50={r['p50_ms']:.1f} ms p99={r['p99_ms']:.1f} ms "

@@ -87,12 +87,17 @@ def demo_runtime(wanted: str) -> Iterator[DemoRuntime | None]:
         yield None
         return
     from simulator.runtime.fakegpus import fake_gpus_on_host
+    from simulator.runtime.hostlock import RuntimeBusy
 
     root = Path(tempfile.mkdtemp(prefix="gldemo", dir="/tmp"))  # short: containerd's socket lives here
-    try:
-        with fake_gpus_on_host(root, count=4) as gpus:
-            click.secho(f"gpuledger demo: real containers on a private containerd under {root / 'rt'}; "
-                        f"fake GPUs {', '.join(gpus.node(i) for i in range(len(gpus.minors)))}", bold=True)
-            yield DemoRuntime(work=root / "rt", gpu_file=gpus.profile)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, root, ignore_errors=True)
+        try:
+            gpus = stack.enter_context(fake_gpus_on_host(root, count=4))
+        except RuntimeBusy as exc:
+            click.secho(f"--runtime containerd: {exc}; the demo's containers stay simulated", fg="yellow", err=True)
+            yield None
+            return
+        click.secho(f"gpuledger demo: real containers on a private containerd under {root / 'rt'}; "
+                    f"fake GPUs {', '.join(gpus.node(i) for i in range(len(gpus.minors)))}", bold=True)
+        yield DemoRuntime(work=root / "rt", gpu_file=gpus.profile)

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 from libs.cgroups import AmbiguousCgroup, CgroupOwner, owner_of_process
 from libs.logger import get_logger
 from libs.runtime import discard
+from libs.unixsock import peer_credentials
 
 __all__ = ["SOCKET_MODE", "Admission", "Caller", "Callers", "PeerGate", "check_caller"]
 
@@ -114,12 +114,6 @@ def check_caller(proc_root: Path, pod_uid: str, pid: int, uid: int, *, any_pod: 
     return Caller(pod_uid=pod_uid, pid=pid, uid=uid, owner=owner, served=pod_uid)
 
 
-def _peercred(sock: socket.socket) -> tuple[int, int, int]:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
-
-
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(_CHUNK):
@@ -164,7 +158,7 @@ class PeerGate:
                 writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        pid, uid, _gid = _peercred(writer.get_extra_info("socket"))
+        pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
         # On the loop: one small procfs read (memory, never the disk), cheaper than a thread hand-off.
         caller = check_caller(self.proc_root, self.pod_uid, pid, uid, any_pod=self.admit is not None)
         if self.admit is not None and caller.refusal is None:

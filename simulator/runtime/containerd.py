@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from ..logger import logger
+from . import hostlock
 from .images import PAUSE_IMAGE, BuiltImages, ImageBuildError, build_images, find_static_busybox
 from .leftovers import RUN_CONTAINERD, Leftovers, clean, start_reaper, stop_reaper, survivors
 
@@ -149,6 +150,7 @@ class Containerd:
         self._reaper: subprocess.Popen[bytes] | None = None
         self._log_file: object = None
         self.start_seconds = 0.0
+        self._holding = False  # the host's real-runtime lock (hostlock.py), from start to stop
 
     @property
     def pid(self) -> int | None:
@@ -161,6 +163,11 @@ class Containerd:
         started = time.monotonic()
         if len(str(self.socket)) > 100:
             raise RuntimeUnavailable(f"work dir path too long for a unix socket: {self.socket}")
+        try:
+            hostlock.take()  # one run per host: runs share /run/containerd and the kubepods cgroups
+        except hostlock.RuntimeBusy as exc:
+            raise RuntimeUnavailable(str(exc)) from None
+        self._holding = True
         self.work.mkdir(parents=True, exist_ok=True)
         self.leftovers.run_containerd_created = not RUN_CONTAINERD.exists()
         self.leftovers.save()
@@ -231,4 +238,7 @@ class Containerd:
         left = survivors(self.leftovers)
         if left:
             _logger.error("real-runtime leftovers", leftovers=left)
+        if self._holding:  # after the cleanup: the next run must not meet what this one made
+            self._holding = False
+            hostlock.release()
         return left

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import hostlock
 from .leftovers import Leftovers, clean, start_reaper, stop_reaper, survivors
 
 __all__ = ["CTL_MINOR", "NVIDIA_MAJOR", "UVM_MINOR", "FakeGpus", "fake_gpus_on_host", "make_fake_gpus",
@@ -76,15 +77,17 @@ def remove_fake_gpus(gpus: FakeGpus) -> None:
 @contextlib.contextmanager
 def fake_gpus_on_host(root: Path, count: int = 4, **kwargs: str) -> Iterator[FakeGpus]:
     """Fake GPUs for the length of the block, with a reaper that removes the nodes even if this
-    process is killed; raises RuntimeError naming what survived the cleanup."""
-    lo = Leftovers(root / "devnodes.json", work="", remove_work=False)
-    lo.save()
-    reaper = start_reaper(lo)
-    try:
-        yield make_fake_gpus(root, lo, count, **kwargs)
-    finally:
-        clean(lo)
-        stop_reaper(reaper)
-    left = survivors(lo)
+    process is killed; raises RuntimeError naming what survived the cleanup, and hostlock.RuntimeBusy
+    when another run holds the host (hostlock.py)."""
+    with hostlock.holding():  # /dev/nvidiactl and /dev/nvidia-uvm are shared by every run on the host
+        lo = Leftovers(root / "devnodes.json", work="", remove_work=False)
+        lo.save()
+        reaper = start_reaper(lo)
+        try:
+            yield make_fake_gpus(root, lo, count, **kwargs)
+        finally:
+            clean(lo)
+            stop_reaper(reaper)
+        left = survivors(lo)
     if left:
         raise RuntimeError(f"fake GPU nodes survived the cleanup: {left}")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from libs.bus.server import NatsServer
-from simulator.runtime import runtime_unavailable_reason
+from simulator.runtime import hostlock, runtime_unavailable_reason
 from simulator.runtime.fakegpus import FakeGpus, make_fake_gpus
 from simulator.runtime.images import build_images
 from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper, survivors
@@ -69,16 +69,18 @@ def runtime_images() -> Iterator[Path]:
 
 @pytest.fixture
 def fake_gpus(runtime_images: Path, short_dir: Path) -> Iterator[FakeGpus]:
-    """Four fake GPUs: /dev/nvidia<minor> nodes (major 195, free minors) and a fake file naming them."""
-    lo = Leftovers(short_dir / "devnodes.json", work="")
-    lo.save()
-    reaper = start_reaper(lo)
-    try:
-        yield make_fake_gpus(short_dir, lo)
-    finally:
-        clean(lo)
-        stop_reaper(reaper)
-        assert survivors(lo) == []
+    """Four fake GPUs: /dev/nvidia<minor> nodes (major 195, free minors) and a fake file naming them,
+    under the host's real-runtime lock (simulator/runtime/hostlock.py)."""
+    with hostlock.holding():
+        lo = Leftovers(short_dir / "devnodes.json", work="")
+        lo.save()
+        reaper = start_reaper(lo)
+        try:
+            yield make_fake_gpus(short_dir, lo)
+        finally:
+            clean(lo)
+            stop_reaper(reaper)
+            assert survivors(lo) == []
 
 
 @pytest.fixture

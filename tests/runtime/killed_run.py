@@ -8,12 +8,14 @@ import asyncio
 import sys
 from pathlib import Path
 
+from simulator.runtime import hostlock
 from simulator.runtime.fakegpus import make_fake_gpus
 from simulator.runtime.leftovers import Leftovers, start_reaper
 from tests.runtime.helpers import start_rt_sim
 
 
 async def main(root: Path, images: Path) -> None:
+    hostlock.take()  # held until the kill: the kernel frees it
     lo = Leftovers(root / "devnodes.json", work="")
     lo.save()
     start_reaper(lo)
