@@ -168,11 +168,11 @@ class Containerd:
         except hostlock.RuntimeBusy as exc:
             raise RuntimeUnavailable(str(exc)) from None
         self._holding = True
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.leftovers.run_containerd_created = not RUN_CONTAINERD.exists()
-        self.leftovers.save()
-        self._reaper = start_reaper(self.leftovers)
-        try:
+        try:  # from here on, a failure stops what started and lets go of the host (``stop``)
+            self.work.mkdir(parents=True, exist_ok=True)
+            self.leftovers.run_containerd_created = not RUN_CONTAINERD.exists()
+            self.leftovers.save()
+            self._reaper = start_reaper(self.leftovers)
             if self.images is None:
                 self.images = build_images(self.work / "images")
             if self.snapshotter is None:

@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from simulator.runtime import Containerd, hostlock
 from simulator.runtime.leftovers import RUN_CONTAINERD
 from tests.runtime.helpers import mounts_under, pod_cgroup_dirs, processes_mentioning
 
@@ -46,3 +49,13 @@ async def test_a_killed_run_leaves_nothing_behind(runtime_images: Path, short_di
             break
         await asyncio.sleep(0.2)
     assert left == []
+
+
+def test_a_start_that_fails_lets_go_of_the_host(runtime_images: Path, short_dir: Path) -> None:
+    """containerd's start fails early (its work dir cannot be made): nothing runs, and the host's
+    real-runtime lock (simulator/runtime/hostlock.py) is free for the next run."""
+    work = short_dir / "work"
+    work.write_text("a file where the work dir should be")
+    with pytest.raises(OSError):
+        Containerd(work).start()
+    assert hostlock.holder_pid() is None
