@@ -39,7 +39,7 @@ from gpuledger.agent import SERVICES
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.errors import GpuledgerError
-from libs.lifeline import describe_exit, process_alive, start_in_own_session
+from libs.lifeline import command_line, describe_exit, process_alive, start_in_own_session
 from libs.logger import get_logger
 
 __all__ = ["BROKER", "SERVICES", "Child", "Launcher", "LauncherError", "settings_env"]
@@ -306,12 +306,12 @@ def clear_stale(status_path: Path, timeout: float = 5.0) -> list[int]:
     except (OSError, ValueError):
         return []
     up_pid = recorded.get("pid")
-    if isinstance(up_pid, int) and up_pid != os.getpid() and process_alive(up_pid) and "up" in _cmdline(up_pid):
+    if isinstance(up_pid, int) and up_pid != os.getpid() and process_alive(up_pid) and "up" in command_line(up_pid):
         raise LauncherError(f"another gpuledger up (pid {up_pid}) runs on state dir {status_path.parent}")
     killed = []
     for name, child in (recorded.get("children") or {}).items():
         pid, cmdline = child.get("pid"), child.get("cmdline")
-        if isinstance(pid, int) and cmdline and _cmdline(pid) == cmdline:
+        if isinstance(pid, int) and cmdline and command_line(pid) == cmdline:
             _logger.warning("clearing a child of an earlier gpuledger up", child=name, pid=pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -320,14 +320,6 @@ def clear_stale(status_path: Path, timeout: float = 5.0) -> list[int]:
     while any(process_alive(p) for p in killed) and time.monotonic() < deadline:
         time.sleep(0.05)
     return killed
-
-
-def _cmdline(pid: int | None) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def _write_atomic(path: Path, text: str) -> None:

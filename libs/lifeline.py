@@ -18,14 +18,13 @@ Bad file descriptor``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["describe_exit", "process_alive", "start_in_own_session", "with_lifeline"]
+__all__ = ["command_line", "describe_exit", "parent_pid", "process_alive", "start_in_own_session", "with_lifeline"]
 
 
 # Runs as ``python -I -S -c`` (no site, no user paths: a few milliseconds): argv[1] the parent's
@@ -75,6 +74,28 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie is dead for our purpose (its parent has not reaped it yet).
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
+    stat = _stat_after_name(pid)
+    return not stat or stat[0] != "Z"
+
+
+def parent_pid(pid: int) -> int:
+    """``pid``'s parent, 0 when ``pid`` is gone."""
+    stat = _stat_after_name(pid)
+    return int(stat[1]) if stat else 0
+
+
+def command_line(pid: int) -> list[str]:
+    """``pid``'s argv, [] when it is gone (or a kernel thread)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _stat_after_name(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)`` (state, ppid, ...), [] when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []

@@ -21,6 +21,7 @@ import os
 import socket
 from collections.abc import Iterator
 
+from libs.lifeline import command_line, parent_pid
 from libs.unixsock import peer_credentials
 
 __all__ = ["LOCK_NAME", "RuntimeBusy", "holder_pid", "holding", "release", "take"]
@@ -54,15 +55,6 @@ def holder_pid(name: str = LOCK_NAME) -> int | None:
     return pid or None
 
 
-def _parent_of(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return 0
-    return int(stat[stat.rindex(b")") + 2:].split()[1])  # after "pid (comm) state": the ppid
-
-
 def _is_ancestor(pid: int) -> bool:
     here = os.getppid()
     for _ in range(64):
@@ -70,18 +62,14 @@ def _is_ancestor(pid: int) -> bool:
             return True
         if here <= 1:
             return False
-        here = _parent_of(here)
+        here = parent_pid(here)
     return False
 
 
 def _describe(pid: int | None) -> str:
     if pid is None:
         return "another process"
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        cmd = ""
+    cmd = " ".join(command_line(pid))
     return f"pid {pid}" + (f" ({cmd[:200]})" if cmd else "")
 
 

@@ -28,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from libs.lifeline import command_line
+
 __all__ = ["Leftovers", "cgroup_mounts", "clean", "start_reaper", "stop_reaper", "survivors"]
 
 RUN_CONTAINERD = Path("/run/containerd")
@@ -106,10 +108,7 @@ def _mounts_under(prefix: str) -> list[str]:
 
 
 def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    return " ".join(command_line(pid))
 
 
 def _pids() -> list[int]:
