@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 
 from libs.bus.server import NatsServer
-from simulator.runtime import hostlock, runtime_unavailable_reason
-from simulator.runtime.fakegpus import FakeGpus, make_fake_gpus
+from simulator.runtime import runtime_unavailable_reason
+from simulator.runtime.fakegpus import FakeGpus, fake_gpus_on_host
 from simulator.runtime.images import build_images
-from simulator.runtime.leftovers import Leftovers, clean, start_reaper, stop_reaper, survivors
 from tests.e2e.helpers import wait_for_gpu_resources
 from tests.runtime.helpers import RtNode, start_rt_node, start_services_in_process
 
@@ -70,17 +69,9 @@ def runtime_images() -> Iterator[Path]:
 @pytest.fixture
 def fake_gpus(runtime_images: Path, short_dir: Path) -> Iterator[FakeGpus]:
     """Four fake GPUs: /dev/nvidia<minor> nodes (major 195, free minors) and a fake file naming them,
-    under the host's real-runtime lock (simulator/runtime/hostlock.py)."""
-    with hostlock.holding():
-        lo = Leftovers(short_dir / "devnodes.json", work="")
-        lo.save()
-        reaper = start_reaper(lo)
-        try:
-            yield make_fake_gpus(short_dir, lo)
-        finally:
-            clean(lo)
-            stop_reaper(reaper)
-            assert survivors(lo) == []
+    made and removed as every real-runtime run makes them (``fake_gpus_on_host``: a reaper, the host's lock)."""
+    with fake_gpus_on_host(short_dir) as gpus:  # a node left behind fails the teardown, naming it
+        yield gpus
 
 
 @pytest.fixture
