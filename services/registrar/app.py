@@ -85,6 +85,8 @@ async def service(settings: Settings) -> AsyncIterator[RegistrarService]:
         stack.push_async_callback(lister.close)
         plugins = [DevicePlugin(RESOURCE_VCORE, catalog, bus, settings, health=health, lister=lister),
                    DevicePlugin(RESOURCE_VMEMORY, catalog, bus, settings, health=health)]
+        for plugin in plugins:
+            stack.push_async_callback(plugin.close)
         kubelet = KubeletRegistration(Path(settings.device_plugin_dir), plugins)
         await stack.enter_async_context(observe(settings, plugins, catalog, health))
         supervisor.spawn(health.run(bus, settings.request_timeout), "gpu-health")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -55,8 +55,13 @@ async def observe(settings: Settings, plugins: list[DevicePlugin], catalog: Devi
         bus.observe(bus_s)
         check.observe(check_s)
 
+    prestarts = Counter("gpuledger_prestart_verdicts_total",
+                        "PreStartContainer calls, by how they were answered: with the verdict asked ahead "
+                        "after the Allocate, or asked when the kubelet called", ["how"], registry=registry)
     for plugin in plugins:
         plugin.on_allocated = allocated
+        if plugin.prestart is not None:
+            plugin.prestart.on_answered = lambda how: prestarts.labels(how=how).inc()
         for method in ("Allocate", "PreStartContainer"):
             def outcome(exc: BaseException | None, method: str = method, resource: str = plugin.resource,
                         ) -> dict[str, str]:

@@ -1,12 +1,12 @@
 """The two DevicePlugin servicers: the only code in gpuledger that translates kubelet protos.
 
 vcore Allocate and PreStartContainer are answered by the allocator over NATS (PreStart together
-with the vmanager: prestart.py), each within a bounded time: the kubelet waits forever on Allocate,
-so a stuck allocator must turn into a clear gRPC error here, never into a hung node. A vcore grant
-is answered once the kubelet's pod-resources List, asked as the Allocate came in, shows its pod
-being admitted (kubeletlist.py). vmemory needs no placement of its own (the allocator reads the
-memory from the pod spec), so, as in gpu-manager, its Allocate returns one empty response after
-validation.
+with the vmanager, asked ahead once the Allocate is answered: prestart.py), each within a bounded
+time: the kubelet waits forever on Allocate, so a stuck allocator must turn into a clear gRPC error
+here, never into a hung node. A vcore grant is answered once the kubelet's pod-resources List, asked
+as the Allocate came in, shows its pod being admitted (kubeletlist.py). vmemory needs no placement
+of its own (the allocator reads the memory from the pod spec), so, as in gpu-manager, its Allocate
+returns one empty response after validation.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from libs.logger import get_logger
 from services.registrar.catalog import DeviceCatalog, InvalidDevices
 from services.registrar.health import DeviceHealth
 from services.registrar.kubeletlist import KubeletLister
-from services.registrar.prestart import PreStart
+from services.registrar.prestart import AskedAhead, PreStart
 
 __all__ = ["DevicePlugin", "to_proto"]
 
@@ -71,12 +71,16 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         # (registrar_total, bus_round_trip, check) seconds of each granted vcore Allocate; set by the metrics
         self.on_allocated: Callable[[float, float, float], None] | None = None
         # The kubelet gives PreStartContainer 30 s; answer well inside it.
-        self.prestart = (PreStart(bus, timeout=min(25.0, 2 * settings.request_timeout),
-                                  prepare_timeout=settings.request_timeout)
+        self.prestart = (AskedAhead(PreStart(bus, timeout=min(25.0, 2 * settings.request_timeout),
+                                             prepare_timeout=settings.request_timeout))
                          if resource == RESOURCE_VCORE else None)
         self.options = pb.DevicePluginOptions(
             pre_start_required=resource == RESOURCE_VCORE, get_preferred_allocation_available=False
         )
+
+    async def close(self) -> None:
+        if self.prestart is not None:
+            await self.prestart.close()
 
     @property
     def socket_name(self) -> str:
@@ -137,6 +141,9 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                   pod=f"{reply.namespace}/{reply.pod_name}", pod_uid=reply.pod_uid,
                   allocator_ms=round((answered - asked) * 1000, 2), check_ms=round((checked - answered) * 1000, 2))
         response = pb.AllocateResponse(container_responses=[to_proto(reply.response)])
+        if self.prestart is not None:
+            self.prestart.allocated(PreStartRequest(request_id=uuid.uuid4().hex, resource=self.resource,
+                                                    device_ids=ids))
         if self.on_allocated is not None:
             self.on_allocated(time.perf_counter() - received, answered - asked, checked - answered)
         return response

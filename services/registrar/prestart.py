@@ -6,11 +6,25 @@ its answer counts only for the pod the allocator's check confirms. When the chec
 (it corrected the grant with the kubelet's record) or the vmanager found none, the vmanager is asked
 again for the checked pod, once it has folded the log as far as the check saw it. The kubelet creates
 the container only after this answer, so the pod's socket is always served before it exists.
+
+``AskedAhead`` asks the same thing for each vcore grant a little after its Allocate was answered,
+while the kubelet creates the pod's sandbox (60 ms and more), and answers the PreStartContainer that
+follows with that verdict: the kubelet no longer waits for two bus round trips before it creates
+the container. A verdict answers one PreStart only, and only while it is fresh, no later Allocate
+gave any of its devices again, and the socket it names still exists; otherwise the PreStart asks,
+as it always did. Neither the check nor the socket changes between the two moments: the kubelet's
+record of an admitted container's devices is fixed, and only another Allocate can move them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 
@@ -19,7 +33,15 @@ from libs.commands import PrepareReply, PrepareRequest, PreStartReply, PreStartR
 from libs.errors import BusError, BusTimeout, RemoteError
 from libs.runtime import discard
 
-__all__ = ["PreStart"]
+__all__ = ["AHEAD_AFTER_S", "AskedAhead", "PreStart"]
+
+# After the Allocate's answer: the kubelet has recorded the container's vcore and vmemory devices
+# by then (its admission takes a few ms), and its sandbox has barely started.
+AHEAD_AFTER_S = 0.04
+# A verdict older than this answers nothing (a slow image pull, a container restarted later): asked again.
+FRESH_FOR_S = 30.0
+CHECK_FAILED = 409  # the allocator's "PreStartContainer check failed": it freed the pod's GPUs and failed it
+MAX_AHEAD = 1024  # grants whose PreStart never came (a pod that failed admission) are dropped after this
 
 
 class PreStart:
@@ -58,3 +80,110 @@ class PreStart:
         # gpu-manager's text for the same failure, as the allocator answered it before.
         reason = exc.message if isinstance(exc, RemoteError) else str(exc)
         return RemoteError(self.bus.subjects.prepare, 503, f"failed to setup VCuda for pod {pod_uid}: {reason}")
+
+
+@dataclass
+class _Verdict:
+    task: asyncio.Task[PreStartReply]
+    asked_at: float  # monotonic; when the Allocate was answered
+
+
+class AskedAhead:
+    """PreStartContainer verdicts asked ahead of the kubelet (see the module's docstring)."""
+
+    def __init__(self, prestart: PreStart, *, after: float = AHEAD_AFTER_S, fresh_for: float = FRESH_FOR_S,
+                 limit: int = MAX_AHEAD) -> None:
+        self.prestart = prestart
+        self.timeout = prestart.timeout
+        self.after = after
+        self.fresh_for = fresh_for
+        self.limit = limit
+        self._verdicts: dict[frozenset[str], _Verdict] = {}  # oldest first
+        self._by_device: dict[str, frozenset[str]] = {}
+        self.answered: collections.Counter[str] = collections.Counter()  # "ahead" / "asked": PreStarts
+        self.on_answered: Callable[[str], None] | None = None  # told each one too (metrics)
+
+    def allocated(self, req: PreStartRequest) -> None:
+        """A vcore Allocate of these devices was just answered: ask its PreStart's verdict soon."""
+        key = frozenset(req.device_ids)
+        for device in key:  # the devices now belong to this grant: older verdicts about them are void
+            old = self._by_device.get(device)
+            if old is not None:
+                self._drop(old)
+        now = time.monotonic()
+        while self._verdicts and (len(self._verdicts) >= self.limit
+                                  or now - next(iter(self._verdicts.values())).asked_at > self.fresh_for):
+            self._drop(next(iter(self._verdicts)))
+        self._verdicts[key] = _Verdict(asyncio.ensure_future(self._ask_later(req)), now)
+        for device in key:
+            self._by_device[device] = key
+
+    async def _ask_later(self, req: PreStartRequest) -> PreStartReply:
+        await asyncio.sleep(self.after)
+        return await self.prestart(req)
+
+    async def __call__(self, req: PreStartRequest) -> PreStartReply:
+        verdict = self._take(frozenset(req.device_ids))
+        if verdict is not None:
+            try:
+                reply = await asyncio.wait_for(verdict, self.timeout)
+            except RemoteError as exc:
+                if exc.code == CHECK_FAILED:  # the allocator failed the pod already: its answer stands
+                    self._answered("ahead")
+                    raise
+                reply = None  # no grant found, the vmanager unserved...: ask now, as without it
+            except (BusError, TimeoutError, asyncio.CancelledError):
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise
+                reply = None
+            if reply is not None and _is_socket(reply.vcuda_socket):
+                self._answered("ahead")
+                return reply
+        self._answered("asked")
+        return await self.prestart(req)
+
+    def _take(self, key: frozenset[str]) -> asyncio.Task[PreStartReply] | None:
+        """The verdict asked ahead for exactly these devices, while it may still answer; it answers once."""
+        verdict = self._verdicts.pop(key, None)
+        if verdict is None:
+            return None
+        for device in key:
+            self._by_device.pop(device, None)
+        if time.monotonic() - verdict.asked_at > self.fresh_for or (
+                not verdict.task.done() and time.monotonic() - verdict.asked_at < self.after):
+            discard(verdict.task)  # too old, or not asked yet: asking now is as quick
+            return None
+        return verdict.task
+
+    def _drop(self, key: frozenset[str]) -> None:
+        verdict = self._verdicts.pop(key, None)
+        if verdict is not None:
+            discard(verdict.task)
+            for device in key:
+                if self._by_device.get(device) == key:
+                    del self._by_device[device]
+
+    def _answered(self, how: str) -> None:
+        self.answered[how] += 1
+        if self.on_answered is not None:
+            self.on_answered(how)
+
+    def __len__(self) -> int:
+        return len(self._verdicts)
+
+    async def close(self) -> None:
+        tasks = [v.task for v in self._verdicts.values()]
+        self._verdicts.clear()
+        self._by_device.clear()
+        for task in tasks:
+            discard(task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _is_socket(path: str) -> bool:
+    """The verdict's vcuda.sock still exists; when it does not (its directory removed by hand, a
+    restarted vmanager that has not served it yet), asking has the vmanager serve it again."""
+    try:
+        return bool(path) and stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False

@@ -3,6 +3,8 @@ vcuda.sock from inside its own PID namespace, and reads back its own vcuda.confi
 
 from __future__ import annotations
 
+from libs.kube.pods import RESOURCE_VCORE
+from services.registrar.prestart import AHEAD_AFTER_S
 from tests.runtime.helpers import VCUDA_SOCK, RtNode, gpu_container, pod, runtime_id
 
 
@@ -66,3 +68,13 @@ async def test_prestart_comes_after_the_pods_sandbox_as_in_the_kubelets_sync(rt_
     sandbox = next(s for s in await node.client.list_pod_sandboxes()
                    if s.metadata.uid == running["metadata"]["uid"])
     assert sandbox.created_at / 1e9 < prestart.start + wall_minus_mono
+    # The sandbox took longer than the registrar waits after an Allocate before asking the PreStart's
+    # verdict itself (the allocator's check, the vmanager's socket): that verdict answered the
+    # kubelet's PreStart, with no bus round trip while the kubelet waited.
+    allocate = next(c for c in node.sim.calls if c.method == "Allocate" and c.resource == RESOURCE_VCORE and c.ok)
+    assert allocate.end is not None
+    [vcore] = [s.plugin for s in node.services["registrar"].kubelet.servers if s.plugin.resource == RESOURCE_VCORE]
+    if prestart.start - allocate.end > AHEAD_AFTER_S:
+        assert vcore.prestart.answered == {"ahead": 1}
+    else:  # a sandbox quicker than that: the PreStart asked, as it always may
+        assert vcore.prestart.answered == {"asked": 1}
