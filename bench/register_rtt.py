@@ -6,10 +6,10 @@ gRPC backend, the SO_PEERCRED gate); this process plays a container process thro
 gpu-manager's gpu-client (one process per CUDA process) does:
 
 - measured: ``register_vdevice`` on ``<vm>/<pod>/vcuda.sock`` by container name: accept, SO_PEERCRED,
-  /proc/<pid>/cgroup, proxy to the backend, cgroup search, pid walk, two file comparisons (unchanged
-  files are not rewritten);
-- floor: the same call straight to the private backend socket: connection + gRPC round trip on the
-  same server, refused at once (no gate, no registration work).
+  /proc/<pid>/cgroup, the call parsed and answered in the gate (grpcwire.py), cgroup search, pid walk,
+  two file comparisons (unchanged files are not rewritten);
+- floor: the same call on a new connection to a grpcio server in this process that answers at once
+  (no gate, no registration work): what any gRPC server costs.
 
     python -m bench.register_rtt [--calls 1000] [--json out.json]
 """
@@ -37,10 +37,18 @@ from libs.commands import PrepareReply, PrepareRequest
 from libs.config import Settings
 from libs.events.schema import AllocationGranted, ContainerResponse, GpuInfo, GpuShare, InventoryRecorded
 from libs.store import EventLog
-from libs.vcuda import VcudaClientError, register_vdevice
+from libs.vcuda import api_pb2 as pb
+from libs.vcuda import api_pb2_grpc as pb_grpc
+from libs.vcuda import register_vdevice
 from services.vmanager.app import service
 
 GIB = 1 << 30
+
+
+class _AnswersAtOnce(pb_grpc.VCUDAServiceServicer):
+    async def RegisterVDevice(self, request: pb.VDeviceRequest, context: grpc.aio.ServicerContext
+                              ) -> pb.VDeviceResponse:
+        return pb.VDeviceResponse()
 
 
 def _fake_container(root: Path, pod_uid: str, others: int) -> None:
@@ -102,16 +110,19 @@ async def main(calls: int, warmup: int) -> dict[str, object]:
             async def through_gate() -> None:
                 await register_vdevice(reply.socket, pod_uid=uid, container_name="main", timeout=10)
 
-            async def floor() -> None:
-                try:
-                    await register_vdevice(str(settings.vcuda_backend_socket), pod_uid=uid, container_name="main",
-                                           timeout=10)
-                except VcudaClientError as exc:
-                    assert exc.code == grpc.StatusCode.PERMISSION_DENIED, exc
-                else:
-                    raise AssertionError("the backend accepted a call that bypassed the gate")
+            bare = grpc.aio.server()
+            pb_grpc.add_VCUDAServiceServicer_to_server(_AnswersAtOnce(), bare)
+            bare_socket = root / "bare.sock"
+            bare.add_insecure_port(f"unix://{bare_socket}")
+            await bare.start()
 
-            floor_ms = await _timed(calls, warmup, floor)
+            async def floor() -> None:
+                await register_vdevice(str(bare_socket), pod_uid=uid, container_name="main", timeout=10)
+
+            try:
+                floor_ms = await _timed(calls, warmup, floor)
+            finally:
+                await bare.stop(None)
             gate_ms = await _timed(calls, warmup, through_gate)
             assert (settings.vm_root / uid / "main" / "pids.config").stat().st_size == 21 * 4
         relay_task.cancel()

@@ -175,11 +175,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return parse_node_labels(self.node_labels)
 
     @property
-    def vcuda_backend_socket(self) -> Path:
-        """The vmanager's private gRPC socket behind every pod's vcuda.sock (never mounted anywhere)."""
-        return Path(self.state_dir) / "run" / "vcuda-backend.sock"
-
-    @property
     def runtime_socket(self) -> Path:
         """The CRI runtime's unix socket from ``container_runtime_endpoint`` (``unix://`` taken off)."""
         endpoint = self.container_runtime_endpoint

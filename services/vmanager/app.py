@@ -20,7 +20,7 @@ from services.vmanager.metrics import observe
 from services.vmanager.peergate import Callers
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.prepare import Prepare
-from services.vmanager.register import VcudaServicer, VDeviceRegistrations
+from services.vmanager.register import VcudaMethods, VDeviceRegistrations
 from services.vmanager.tracker import AllocationTracker
 from services.vmanager.volumes import build_from_settings
 
@@ -61,9 +61,9 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
                          Path(settings.hami_library))
         claim_pods = ClaimPods(state, bus, timeout=settings.request_timeout)
         sockets = PodSockets(
-            settings.vm_root, VcudaServicer(registrations, callers, settings.vm_root),
+            settings.vm_root, VcudaMethods(registrations, settings.vm_root).for_caller,
             lambda key: state.holds(key) or claim_pods.is_claim(key),
-            backend=settings.vcuda_backend_socket, callers=callers, proc_root=Path(settings.proc_root),
+            callers=callers, proc_root=Path(settings.proc_root),
             on_prepare=CacheDirs(state) if hami else None, admit_for=claim_pods.admission,
         )
         registrations.on_spare_taken = sockets.respare_soon

@@ -5,13 +5,11 @@ gRPC's Python server does not expose the peer's credentials on a unix socket (``
 
 1. accept, read ``SO_PEERCRED`` (pid, uid, gid; the kernel's record of the connecting process);
 2. read ``<proc_root>/<pid>/cgroup`` and find the pod (and container) it names (libs/cgroups.py);
-3. connect to the vmanager's private gRPC server through a client socket autobound to a unique
-   abstract name, record the verdict under that name, and copy bytes both ways.
+3. answer the connection's gRPC calls in the same task (grpcwire.py), each told the verdict.
 
-The gRPC servicer sees ``context.peer() == "unix-abstract:<name>"`` and looks the verdict up, so a
-refused caller gets a clear PERMISSION_DENIED instead of a dropped connection, and the refusal is
-logged once with the caller's pid and cgroup. The private server listens in a 0700 directory, so
-nothing but this gate can reach it.
+A refused caller gets a clear PERMISSION_DENIED instead of a dropped connection, and the refusal is
+logged once with the caller's pid and cgroup. No other socket leads to the calls: there is no
+private server to reach around the gate.
 
 The pid is meaningful only in the vmanager's pid namespace: the vmanager runs with hostPID (as
 gpu-manager does); a caller whose pid the kernel cannot map (pid 0) is refused.
@@ -22,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +29,7 @@ from libs.cgroups import AmbiguousCgroup, CgroupOwner, owner_of_process
 from libs.logger import get_logger
 from libs.runtime import discard
 from libs.unixsock import peer_credentials
+from services.vmanager.grpcwire import Unary, serve_unary
 
 __all__ = ["SOCKET_MODE", "Admission", "Caller", "Callers", "PeerGate", "check_caller"]
 
@@ -43,7 +41,7 @@ _logger = get_logger("vmanager")
 # Connecting to a unix socket needs write permission on it; containers run as any uid. Who may
 # actually talk is decided by the cgroup check, not by the mode.
 SOCKET_MODE = 0o666
-_CHUNK = 64 * 1024
+MAX_MESSAGE = 64 * 1024  # a VDeviceRequest is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -63,30 +61,28 @@ class Caller:
 
 
 class Callers:
-    """Verdicts by the backend peer name the servicer sees, and what is looked up ahead for them.
+    """The verdicts of the connections open now, and what is looked up ahead for each.
 
     ``look_ahead`` may start work for a caller as soon as the gate has checked it, so that it runs
-    while the caller's gRPC request is still on its way through the gate; it lasts as long as the
-    connection."""
+    while the caller's request is still on its way; it lasts as long as the connection."""
 
     def __init__(self, look_ahead: Callable[[Caller], asyncio.Future[Any] | None] | None = None) -> None:
-        self._by_peer: dict[str, Caller] = {}
+        self._open: dict[int, Caller] = {}
         self._look_ahead = look_ahead
 
-    def get(self, peer: str) -> Caller | None:
-        return self._by_peer.get(peer)
-
-    def add(self, peer: str, caller: Caller) -> None:
+    def admitted(self, caller: Caller) -> Caller:
+        """The caller, with what was started ahead for it; ``done`` when its connection closes."""
         started = self._look_ahead(caller) if self._look_ahead is not None else None
-        self._by_peer[peer] = caller if started is None else replace(caller, ahead=started)
+        caller = caller if started is None else replace(caller, ahead=started)
+        self._open[id(caller)] = caller
+        return caller
 
-    def drop(self, peer: str) -> None:
-        caller = self._by_peer.pop(peer, None)
-        if caller is not None and caller.ahead is not None:
+    def done(self, caller: Caller) -> None:
+        if self._open.pop(id(caller), None) is not None and caller.ahead is not None:
             discard(caller.ahead)
 
     def __len__(self) -> int:
-        return len(self._by_peer)
+        return len(self._open)
 
 
 def check_caller(proc_root: Path, pod_uid: str, pid: int, uid: int, *, any_pod: bool = False) -> Caller:
@@ -114,27 +110,16 @@ def check_caller(proc_root: Path, pod_uid: str, pid: int, uid: int, *, any_pod: 
     return Caller(pod_uid=pod_uid, pid=pid, uid=uid, owner=owner, served=pod_uid)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(_CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(OSError, RuntimeError):
-            writer.close()
-
-
 class PeerGate:
-    """One pod's vcuda.sock: checks every connection, then hands it to the private gRPC server."""
+    """One pod's vcuda.sock: checks every connection, then answers its calls (``methods``, told the
+    verdict: they refuse a refused caller)."""
 
-    def __init__(self, pod_uid: str, path: Path, backend: Path, callers: Callers, proc_root: Path,
-                 admit: Admission | None = None) -> None:
+    def __init__(self, pod_uid: str, path: Path, methods: Callable[[Caller], dict[str, Unary]], callers: Callers,
+                 proc_root: Path, admit: Admission | None = None) -> None:
         self.pod_uid = pod_uid
         self.admit = admit  # a shared claim's directory: which pods may call (None: only pod_uid)
         self.path = path
-        self.backend = backend
+        self.methods = methods
         self.callers = callers
         self.proc_root = proc_root
         self._server: asyncio.Server | None = None
@@ -167,23 +152,13 @@ class PeerGate:
                 caller = replace(caller, refusal=f"caller pid {pid} is in pod {caller.pod_uid}: {refusal}")
         if caller.refusal:
             _logger.warning("vcuda.sock caller refused", pod_uid=self.pod_uid, pid=pid, uid=uid, reason=caller.refusal)
-        backend = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        caller = self.callers.admitted(caller)
         try:
-            backend.setblocking(False)
-            backend.bind(b"")  # autobind: the kernel picks a unique abstract name, gRPC reports it as the peer
-            await asyncio.get_running_loop().sock_connect(backend, str(self.backend))
-        except OSError as exc:
-            backend.close()
-            _logger.error("vcuda backend unreachable", pod_uid=self.pod_uid, error=str(exc))
-            return
-        name = backend.getsockname()
-        peer = "unix-abstract:" + (name[1:].decode() if isinstance(name, bytes) else name.lstrip("\0"))
-        self.callers.add(peer, caller)
-        try:
-            b_reader, b_writer = await asyncio.open_unix_connection(sock=backend)
-            await asyncio.gather(_pipe(reader, b_writer), _pipe(b_reader, writer))
+            await serve_unary(reader, writer, self.methods(caller), limit=MAX_MESSAGE)
+        except (ConnectionError, OSError):
+            pass  # the caller went away
         finally:
-            self.callers.drop(peer)
+            self.callers.done(caller)
 
     async def close(self) -> None:
         if self._server is not None:

@@ -1,7 +1,7 @@
 """One vcuda.sock per pod, at ``<vm_root>/<pod_uid>/vcuda.sock``; started once, stopped once.
 
-Each pod's socket is a PeerGate (peergate.py: SO_PEERCRED + cgroup check) in front of one private
-gRPC server shared by all pods, listening on ``backend`` in a 0700 directory.
+Each pod's socket is a PeerGate (peergate.py: SO_PEERCRED + cgroup check), which answers the calls of
+the callers it checked itself (grpcwire.py): ``methods`` says what each caller may call.
 
 gpu-manager starts a new server on every PreStartContainer and leaves the previous one running on an
 unlinked socket (gpu-manager-reference.md 5.2). Here ``ensure`` is idempotent: a pod has at most one
@@ -29,15 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
 from libs.logger import get_logger
 from libs.unixsock import check_socket_path, file_identity
-from libs.vcuda import api_pb2_grpc as pb_grpc
 from services.vmanager.cleanup import remove_pod_dir
 from services.vmanager.configfiles import has_spare, make_spare
+from services.vmanager.grpcwire import Unary
 from services.vmanager.names import is_pod_uid
-from services.vmanager.peergate import Admission, Callers, PeerGate
+from services.vmanager.peergate import Admission, Caller, Callers, PeerGate
 
 __all__ = ["SOCKET_NAME", "PodGone", "PodPaths", "PodSockets"]
 
@@ -68,28 +66,22 @@ class PodSockets:
     def __init__(
         self,
         vm_root: Path,
-        servicer: pb_grpc.VCUDAServiceServicer,
+        methods: Callable[[Caller], dict[str, Unary]],
         holds_allocation: Callable[[str], bool],
         *,
-        backend: Path,
         callers: Callers,
         proc_root: Path,
         on_prepare: Callable[[str, Path], None] | None = None,
         admit_for: Callable[[str], Admission | None] | None = None,
-        grace: float = 1.0,
     ) -> None:
         self.vm_root = vm_root
-        self.servicer = servicer
+        self.methods = methods  # what a checked caller may call on its pod's socket
         self.holds_allocation = holds_allocation
-        self.backend = backend
         self.callers = callers
         self.proc_root = proc_root
         self.on_prepare = on_prepare  # more per-pod files (hami-core cache directories), every time
         self.admit_for = admit_for  # a claim directory's admission of pods (None for a pod's own)
-        self.grace = grace
         self.servers: dict[str, _Running] = {}
-        self._backend_server: grpc.aio.Server | None = None
-        self._backend_identity: tuple[int, int] | None = None
         self._lock = asyncio.Lock()
         self._spares: set[asyncio.Task[None]] = set()  # respare_soon's
 
@@ -115,50 +107,19 @@ class PodSockets:
                 running = None
             if running is None:
                 await self._start(pod_uid, paths)
-            else:
-                await self._ensure_backend()
             if self.on_prepare is not None:
                 self.on_prepare(pod_uid, paths.directory)
         return paths
 
-    async def _ensure_backend(self) -> None:
-        """The private gRPC server every gate hands its checked connections to."""
-        if self._backend_server is not None:
-            if file_identity(self.backend) == self._backend_identity:
-                return
-            _logger.warning("the private vcuda backend socket vanished; restarting it", socket=str(self.backend))
-            await self._backend_server.stop(None)
-            self._backend_server = None
-        check_socket_path(self.backend)
-        self.backend.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.backend.parent, 0o700)  # only the vmanager (and root) may connect: no gate bypass
-        with contextlib.suppress(FileNotFoundError):
-            self.backend.unlink()
-        server = grpc.aio.server(
-            maximum_concurrent_rpcs=64,  # callers are pods' own processes; bound what they can queue
-            options=[("grpc.max_receive_message_length", 64 * 1024)],
-        )
-        pb_grpc.add_VCUDAServiceServicer_to_server(self.servicer, server)
-        try:
-            server.add_insecure_port(f"unix://{self.backend}")
-            await server.start()
-            os.chmod(self.backend, 0o600)
-        except BaseException:
-            await server.stop(None)
-            raise
-        self._backend_server = server
-        self._backend_identity = file_identity(self.backend)
-
     async def _start(self, pod_uid: str, paths: PodPaths) -> None:
         if paths.directory.is_symlink():
             raise ValueError(f"{paths.directory} is a symlink; refusing to serve a pod through it")
-        await self._ensure_backend()
         paths.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chmod(paths.directory, 0o755)
         with contextlib.suppress(FileNotFoundError):
             paths.socket.unlink()  # left by a previous run: nobody listens on it
         admit = self.admit_for(pod_uid) if self.admit_for is not None else None
-        gate = PeerGate(pod_uid, paths.socket, self.backend, self.callers, self.proc_root, admit=admit)
+        gate = PeerGate(pod_uid, paths.socket, self.methods, self.callers, self.proc_root, admit=admit)
         try:
             await gate.start()
         except BaseException:
@@ -231,9 +192,6 @@ class PodSockets:
         try:
             servers, self.servers = self.servers, {}
             await asyncio.gather(*(r.server.close() for r in servers.values()))
-            if self._backend_server is not None:
-                await self._backend_server.stop(self.grace)
-                self._backend_server = None
         finally:
             if held:
                 self._lock.release()

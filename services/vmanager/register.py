@@ -24,21 +24,25 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from libs.cgroups import encode_pids, find_container_cgroup, read_pids
 from libs.ledger.state import CLAIM_PREFIX, Allocation, LedgerState, claim_alloc_id
 from libs.logger import get_logger
 from libs.vcuda import api_pb2 as pb
-from libs.vcuda import api_pb2_grpc as pb_grpc
 from libs.vcuda.config import config_for, encode
 from services.vmanager.configfiles import CONFIG_NAME, PIDS_NAME, has_spare, take_spare, write_container_files
 from services.vmanager.containers import ContainerNames, ContainerRef, ContainerUnknown, WatchdogUnavailable
+from services.vmanager.grpcwire import CallFailed, Unary
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
-from services.vmanager.peergate import Caller, Callers
+from services.vmanager.peergate import Caller
 
-__all__ = ["Bound", "RegisterError", "VDeviceRegistrations", "VcudaServicer"]
+__all__ = ["REGISTER_PATH", "Bound", "RegisterError", "VDeviceRegistrations", "VcudaMethods"]
 
 _logger = get_logger("vmanager")
+
+REGISTER_PATH = "/vcuda.VCUDAService/RegisterVDevice"
+_EMPTY_RESPONSE = pb.VDeviceResponse().SerializeToString()
 
 # Keep a little of the caller's deadline to write the file and answer.
 _DEADLINE_MARGIN = 0.5
@@ -52,11 +56,8 @@ class Bound(NamedTuple):
     via: str  # who named the container: runtime, watchdog, or the request itself (legacy)
 
 
-class RegisterError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class RegisterError(CallFailed):
+    """A registration refused: its gRPC status and the message the caller reads."""
 
 
 def _invalid(message: str) -> RegisterError:
@@ -237,32 +238,33 @@ class VDeviceRegistrations:
             raise RegisterError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
 
 
-class VcudaServicer(pb_grpc.VCUDAServiceServicer):
-    """The private server behind every pod's vcuda.sock: the gate's verdict says which pod called."""
+class VcudaMethods:
+    """What each pod's vcuda.sock serves, to the caller its gate checked (peergate.py)."""
 
-    def __init__(self, registrations: VDeviceRegistrations, callers: Callers, vm_root: Path) -> None:
+    def __init__(self, registrations: VDeviceRegistrations, vm_root: Path) -> None:
         self.registrations = registrations
-        self.callers = callers
         self.vm_root = vm_root
 
-    async def RegisterVDevice(
-        self, request: pb.VDeviceRequest, context: grpc.aio.ServicerContext
-    ) -> pb.VDeviceResponse:
-        caller = self.callers.get(context.peer())
+    def for_caller(self, caller: Caller) -> dict[str, Unary]:
+        async def register_vdevice(message: bytes, time_left: float | None) -> bytes:
+            return await self.register_vdevice(caller, message, time_left)
+
+        return {REGISTER_PATH: register_vdevice}
+
+    async def register_vdevice(self, caller: Caller, message: bytes, time_left: float | None) -> bytes:
         try:
-            if caller is None:
-                raise RegisterError(grpc.StatusCode.PERMISSION_DENIED,
-                                    "the connection did not come through a pod's vcuda.sock")
             if caller.refusal is not None:
                 raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, caller.refusal)
+            try:
+                request = pb.VDeviceRequest.FromString(message)
+            except DecodeError as exc:
+                raise _invalid(f"the request is not a VDeviceRequest: {exc}") from exc
             bound = await self.registrations.register(
-                caller, self.vm_root / caller.directory_name, request, time_left=context.time_remaining()
-            )
+                caller, self.vm_root / caller.directory_name, request, time_left=time_left)
         except RegisterError as exc:
-            _logger.warning("registration refused", pod_uid=caller.pod_uid if caller else None,
-                         pid=caller.pid if caller else None, code=exc.code.name, error=exc.message)
-            await context.abort(exc.code, exc.message)
-            raise AssertionError("unreachable") from exc  # context.abort raises
+            _logger.warning("registration refused", pod_uid=caller.pod_uid, pid=caller.pid, code=exc.code.name,
+                            error=exc.message)
+            raise
         _logger.info("container bound", pod_uid=caller.pod_uid, container=bound.name, entry=bound.entry,
                      written=bound.changed, pids=bound.pids, via=bound.via)
-        return pb.VDeviceResponse()
+        return _EMPTY_RESPONSE

@@ -58,7 +58,6 @@ OPENS: dict[str, dict[str, bool]] = {
     "pod_resources_socket": {"allocator": True, "watchdog": True},
     "vm_root": {"vmanager": True},
     "vdriver_root": {"vmanager": True},
-    "vcuda_backend_socket": {"vmanager": True},
     "hami_preload": {"vmanager": True},
     "hami_library": {"vmanager": False},
     "hami_lock_dir": {"vmanager": True},
@@ -74,7 +73,7 @@ OPENS: dict[str, dict[str, bool]] = {
 }
 # Path settings no service opens as such.
 NOT_OPENED = {
-    "state_dir": "opened through log_path, vm_root, vdriver_root and vcuda_backend_socket",
+    "state_dir": "opened through log_path, vm_root and vdriver_root",
     "vm_dir": "opened as vm_root",
     "vdriver_dir": "opened as vdriver_root",
     "hami_mount_dir": "a path inside GPU containers, not on the host",

@@ -9,22 +9,19 @@ from __future__ import annotations
 import array
 import asyncio
 import os
-import stat
 import sys
 import uuid
 from pathlib import Path
 
 import grpc
-import pytest
 import structlog
 
 from libs.bus import Bus
-from libs.commands import PrepareReply, PrepareRequest
 from libs.config import Settings
-from libs.errors import RemoteError
 from services.vmanager.app import VmanagerService
 from services.vmanager.peergate import check_caller
 from tests.builders.cgroups import enter_container, leave_pods, write_proc
+from tests.polling import eventually
 from tests.vmanager.helpers import (
     FakeWatchdog,
     Ledger,
@@ -34,7 +31,6 @@ from tests.vmanager.helpers import (
     pod,
     prepared,
     raw_register,
-    running_vmanager,
     tree,
 )
 
@@ -103,18 +99,20 @@ async def test_unknown_or_ambiguous_callers_are_refused(
     assert "several pods" in await _refused(sock, workdir, pod_uid=uid, container_name="main")
 
 
-async def test_backend_is_private_and_checks_the_gate(
+async def test_the_pods_sockets_are_the_only_way_in(
     settings: Settings, workdir: Path, ledger: Ledger, vmanager: VmanagerService, client_bus: Bus
 ) -> None:
+    """The gate answers the calls itself: no private server listens anywhere that a process could
+    reach around it, and a verdict lives only as long as its connection."""
     uid = new_pod_uid()
-    await prepared(ledger, client_bus, uid, granted(uid, "main"))
-    backend = settings.vcuda_backend_socket
-    assert stat.S_IMODE(os.stat(backend.parent).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(backend).st_mode) == 0o600
-    enter_container(workdir, uid, new_container_id())  # even a process of the pod: only through its socket
-    code, details = await raw_register(backend, pod_uid=uid, container_name="main")
-    assert code == grpc.StatusCode.PERMISSION_DENIED and "did not come through" in details
-    assert len(vmanager.sockets.callers) == 0  # verdicts are dropped with their connections
+    sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
+    sockets = [p for root in (Path(settings.state_dir), settings.vm_root) for p in root.rglob("*") if p.is_socket()]
+    assert sockets == [sock]
+    enter_container(workdir, new_pod_uid(), new_container_id())  # a process of another pod
+    code, details = await raw_register(sock, pod_uid=uid, container_name="main")
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "this socket serves pod" in details
+    await eventually(lambda: len(vmanager.sockets.callers) == 0, timeout=5, interval=0.01,
+                     what="the verdict dropped with its connection")
 
 
 async def test_gpu_client_process_in_the_pod_is_accepted(
@@ -145,22 +143,6 @@ async def test_gpu_client_process_in_the_pod_is_accepted(
     assert code == grpc.StatusCode.PERMISSION_DENIED
 
 
-async def test_backend_socket_path_too_long_is_a_clear_error(
-    settings: Settings, workdir: Path, ledger: Ledger, client_bus: Bus
-) -> None:
-    """The private socket lives under the state directory: a too long one fails PreStartContainer clearly."""
-    long_state = settings.replace(state_dir=str(workdir / ("s" * 90)))
-    async with running_vmanager(long_state):
-        uid = new_pod_uid()
-        seq = await ledger.append(granted(uid, "main"))
-        with pytest.raises(RemoteError) as info:
-            await client_bus.request(client_bus.subjects.prepare, PrepareRequest(pod_uid=uid, alloc_seq=seq),
-                                     PrepareReply, timeout=5)
-        assert info.value.code == 500 and "too long" in info.value.message
-        assert "vcuda-backend.sock" in info.value.message
-        assert not (settings.vm_root / uid / "vcuda.sock").exists()
-
-
 def test_check_caller_verdicts(workdir: Path) -> None:
     uid, cid = new_pod_uid(), new_container_id()
     proc = workdir / "proc"
@@ -170,15 +152,3 @@ def test_check_caller_verdicts(workdir: Path) -> None:
     assert ok.refusal is None and ok.owner is not None and ok.owner.container_id == cid and ok.uid == 1000
     other = check_caller(proc, new_pod_uid(), 4321, 0)
     assert other.refusal is not None and f"pod {uid}" in other.refusal
-
-
-async def test_a_deleted_backend_socket_comes_back_at_the_next_prepare(
-    settings: Settings, workdir: Path, ledger: Ledger, vmanager: VmanagerService, client_bus: Bus
-) -> None:
-    uid = new_pod_uid()
-    sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))
-    settings.vcuda_backend_socket.unlink()  # an over-eager cleanup of the state directory
-    sock = await prepared(ledger, client_bus, uid, granted(uid, "main"))  # PreStartContainer again
-    enter_container(workdir, uid, new_container_id())
-    code, details = await raw_register(sock, pod_uid=uid, container_name="main")
-    assert code == grpc.StatusCode.OK, details

@@ -1,0 +1,146 @@
+"""gRPC unary calls on a checked connection (services/vmanager/grpcwire.py), served on a real unix
+socket and called by grpcio's own client, as a CUDA library's gRPC client calls vcuda.sock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services.vmanager import grpcwire
+from services.vmanager.grpcwire import CallFailed, serve_unary
+
+ECHO = "/test.Echo/Say"
+SLOW = "/test.Echo/Slow"
+REFUSE = "/test.Echo/Refuse"
+
+
+async def _say(message: bytes, time_left: float | None) -> bytes:
+    return b"you said " + message
+
+
+async def _slow(message: bytes, time_left: float | None) -> bytes:
+    await asyncio.sleep(10)
+    return b""
+
+
+async def _refuse(message: bytes, time_left: float | None) -> bytes:
+    raise CallFailed(grpc.StatusCode.PERMISSION_DENIED, "not you: caf\u00e9 100% sure")
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Path]:
+    path = tmp_path / "s.sock"
+    connections: list[asyncio.Task[None]] = []
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await serve_unary(reader, writer, {ECHO: _say, SLOW: _slow, REFUSE: _refuse}, limit=1024)
+        except asyncio.CancelledError:
+            pass  # the fixture's teardown
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(accepted, path=str(path))
+    yield path
+    server.close()
+    for task in connections:
+        task.cancel()
+    await asyncio.gather(*connections, return_exceptions=True)
+    await server.wait_closed()
+
+
+def call(channel: grpc.aio.Channel, path: str) -> grpc.aio.UnaryUnaryMultiCallable:
+    return channel.unary_unary(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+
+async def test_calls_on_one_channel_and_at_once_are_all_answered(served: Path) -> None:
+    async with grpc.aio.insecure_channel(f"unix://{served}") as channel:
+        assert await call(channel, ECHO)(b"hi", timeout=5) == b"you said hi"
+        answers = await asyncio.gather(*(call(channel, ECHO)(str(i).encode(), timeout=5) for i in range(20)))
+        assert answers == [f"you said {i}".encode() for i in range(20)]
+        assert await call(channel, ECHO)(b"", timeout=5) == b"you said "  # an empty message
+
+
+async def test_a_refusal_carries_its_code_and_message(served: Path) -> None:
+    async with grpc.aio.insecure_channel(f"unix://{served}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(channel, REFUSE)(b"x", timeout=5)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert err.value.details() == "not you: caf\u00e9 100% sure"  # percent-encoded on the wire, decoded back
+
+
+async def test_an_unknown_method_is_unimplemented(served: Path) -> None:
+    async with grpc.aio.insecure_channel(f"unix://{served}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(channel, "/test.Echo/Nope")(b"x", timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "/test.Echo/Nope" in (err.value.details() or "")
+
+
+async def test_a_message_over_the_limit_is_refused_and_the_connection_lives_on(served: Path) -> None:
+    async with grpc.aio.insecure_channel(f"unix://{served}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(channel, ECHO)(b"x" * (1 << 20), timeout=5)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "larger than max" in (err.value.details() or "")
+        assert await call(channel, ECHO)(b"ok", timeout=5) == b"you said ok"
+
+
+async def test_the_callers_deadline_bounds_the_method(served: Path) -> None:
+    async with grpc.aio.insecure_channel(f"unix://{served}") as channel:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(channel, SLOW)(b"", timeout=0.3)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert loop.time() - began < 5
+        assert await call(channel, ECHO)(b"still here", timeout=5) == b"you said still here"
+
+
+async def test_bytes_that_are_not_http2_close_the_connection(served: Path) -> None:
+    reader, writer = await asyncio.open_unix_connection(str(served))
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 5)  # up to EOF: the server closed it
+    writer.close()
+    assert data[3:4] == b"\x04"  # its own SETTINGS, sent first; then it hung up (EOF) on what came
+
+
+async def test_a_silent_connection_is_closed_after_the_idle_bound(served: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    monkeypatch.setattr(grpcwire, "IDLE_CLOSE_S", 0.2)
+    reader, writer = await asyncio.open_unix_connection(str(served))
+    received = await asyncio.wait_for(reader.read(), 5)  # up to EOF: the server's SETTINGS, a GOAWAY
+    writer.close()
+    assert received[3:4] == b"\x04"  # it spoke HTTP/2 first (SETTINGS), then hung up on a silent caller
+    assert b"\x07" in received  # GOAWAY
+
+
+def test_grpc_timeout_values() -> None:
+    assert grpcwire._deadline(None) is None
+    assert grpcwire._deadline("10S") == 10.0
+    assert grpcwire._deadline("250m") == 0.25
+    assert grpcwire._deadline("2M") == 120.0
+    with pytest.raises(CallFailed) as err:
+        grpcwire._deadline("10 seconds")
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_framed_messages() -> None:
+    assert grpcwire._message(b"\0\0\0\0\3abc", 10) == b"abc"
+    for body, code in ((b"\0\0", grpc.StatusCode.INTERNAL),
+                       (b"\1\0\0\0\1a", grpc.StatusCode.UNIMPLEMENTED),
+                       (b"\0\0\0\0\5abc", grpc.StatusCode.INTERNAL),
+                       (b"\0\0\1\0\0", grpc.StatusCode.RESOURCE_EXHAUSTED)):
+        with pytest.raises(CallFailed) as err:
+            grpcwire._message(body, 10)
+        assert err.value.code == code, body
+
+
+def test_percent_encoded_messages() -> None:
+    assert grpcwire._percent_encoded("plain text") == "plain text"
+    assert grpcwire._percent_encoded("100%\n\u00e9") == "100%25%0A%C3%A9"
