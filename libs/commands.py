@@ -95,6 +95,9 @@ class PreStartRequest(msgspec.Struct, kw_only=True):
     request_id: str
     resource: str
     device_ids: list[str]
+    # Asked by the registrar ahead of the kubelet's call (services/registrar/prestart.py): when no
+    # grant holds the devices (the pod went away meanwhile), say so without asking the kubelet.
+    ahead: bool = False
 
 
 class PreStartReply(msgspec.Struct, kw_only=True):

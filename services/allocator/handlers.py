@@ -559,6 +559,8 @@ class Allocator:
         """The grant the kubelet's record confirms (corrected if need be), checked against its pod."""
         # The kubelet's record (it may correct the grant) and the granted pod, asked together: the
         # pod is looked up again only when a correction moved the grant to another pod.
+        if guessed is None and req.ahead:  # asked before the kubelet's call, the grant is gone already
+            raise ServiceError(404, f"no allocation holds these {len(req.device_ids)} {RESOURCE_VCORE} devices")
         with _Ahead(guessed, self._active_pod) as active_pod:
             settled = self.settled.get(guessed.alloc_id) if guessed is not None else None
             holder = settled or await self.verify_identity(req.device_ids, reason="prestart")

@@ -120,7 +120,7 @@ class AskedAhead:
 
     async def _ask_later(self, req: PreStartRequest) -> PreStartReply:
         await asyncio.sleep(self.after)
-        return await self.prestart(req)
+        return await self.prestart(msgspec.structs.replace(req, ahead=True))
 
     async def __call__(self, req: PreStartRequest) -> PreStartReply:
         verdict = self._take(frozenset(req.device_ids))

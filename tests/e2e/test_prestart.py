@@ -15,7 +15,8 @@ import shutil
 import grpc
 import pytest
 
-from libs.commands import PrepareRequest
+from libs.commands import PrepareRequest, PreStartReply, PreStartRequest
+from libs.errors import RemoteError
 from libs.kube.pods import RESOURCE_VCORE
 from tests.builders import gpu_pod
 from tests.e2e.helpers import Node, prepares_seen, prestart
@@ -78,6 +79,26 @@ async def test_devices_nobody_holds_fail_with_gpu_managers_text(node: Node) -> N
         "PreStartContainer check failed, failed to get pod from deviceplugin checkpoint")
     snap = await node.snapshot()
     assert [a.pod_name for a in snap.allocations] == ["holder"]  # nothing else was touched
+
+
+async def test_a_check_asked_ahead_for_devices_nobody_holds_does_not_ask_the_kubelet(node: Node) -> None:
+    # The registrar asks each grant's PreStart ahead of the kubelet (services/registrar/prestart.py);
+    # when the grant is gone by then (its pod deleted at once), the kubelet's List would say nothing new.
+    await node.run_pod(gpu_pod("holder", ("main", 10, 1)))
+    free = [f"tencent.com/vcuda-core-{i}" for i in range(390, 400)]
+    registry = node.services["allocator"].metrics.registry
+
+    def lists() -> float:
+        return registry.get_sample_value("gpuledger_allocator_kubelet_lists_total", {"reason": "prestart"}) or 0.0
+
+    before = lists()
+    for ahead in (True, False):
+        with pytest.raises(RemoteError) as err:
+            await node.bus.request(node.bus.subjects.prestart, PreStartRequest(
+                request_id=f"r-{ahead}", resource=RESOURCE_VCORE, device_ids=free, ahead=ahead), PreStartReply,
+                timeout=10)
+        assert err.value.code == 404 and "no allocation holds these 10" in err.value.message
+        assert lists() == before + (0 if ahead else 1)  # the kubelet's call itself still asks the kubelet
 
 
 async def test_without_pod_resources_the_guess_stands(node: Node) -> None:

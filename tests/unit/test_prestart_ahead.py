@@ -64,6 +64,7 @@ async def test_the_prestart_after_an_allocate_gets_the_verdict_asked_ahead(serve
     verdicts.allocated(request("d1", "d2"))
     await asyncio.sleep(AFTER + 0.1)
     assert len(asked.requests) == 1  # asked by itself, before any PreStart
+    assert asked.requests[0].ahead  # so the allocator does not ask the kubelet for a grant gone already
     reply = await verdicts(request("d2", "d1"))  # the kubelet's order of the IDs does not matter
     assert reply.pod_uid == "p1" and len(asked.requests) == 1 and hows == ["ahead"]
     assert len(verdicts) == 0
@@ -95,6 +96,7 @@ async def test_a_verdict_answers_one_prestart_a_restart_asks_again(served: Path)
     await verdicts(request("d1"))
     await verdicts(request("d1"))  # the container restarts
     assert len(asked.requests) == 2 and hows == ["ahead", "asked"]
+    assert [r.ahead for r in asked.requests] == [True, False]
 
 
 async def test_an_allocate_that_gives_any_of_its_devices_again_voids_it(served: Path) -> None:
