@@ -550,7 +550,10 @@ class Allocator:
         pod's vcuda.sock meanwhile (services/registrar/prestart.py): the reply's ``seq`` is the log as
         this check saw it, which the vmanager folds before serving the pod the check names."""
         self._check_devices(req.resource, req.device_ids)
-        alloc = await self._checked(req, self.state.find_by_devices(req.device_ids))
+        guessed = self.state.find_by_devices(req.device_ids)
+        if guessed is None and req.ahead:  # asked before the kubelet's call, the grant is gone already
+            raise ServiceError(404, f"no allocation holds these {len(req.device_ids)} {RESOURCE_VCORE} devices")
+        alloc = await self._checked(req, guessed)
         self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True, defer=True)
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
                              seq=self.state.seq)
@@ -559,8 +562,6 @@ class Allocator:
         """The grant the kubelet's record confirms (corrected if need be), checked against its pod."""
         # The kubelet's record (it may correct the grant) and the granted pod, asked together: the
         # pod is looked up again only when a correction moved the grant to another pod.
-        if guessed is None and req.ahead:  # asked before the kubelet's call, the grant is gone already
-            raise ServiceError(404, f"no allocation holds these {len(req.device_ids)} {RESOURCE_VCORE} devices")
         with _Ahead(guessed, self._active_pod) as active_pod:
             settled = self.settled.get(guessed.alloc_id) if guessed is not None else None
             holder = settled or await self.verify_identity(req.device_ids, reason="prestart")

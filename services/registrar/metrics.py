@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from libs.config import Settings
@@ -22,11 +22,12 @@ KUBELET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 
 class RegistrarCollector(Collector):
-    def __init__(self, catalog: DeviceCatalog, health: DeviceHealth) -> None:
+    def __init__(self, catalog: DeviceCatalog, health: DeviceHealth, plugins: list[DevicePlugin]) -> None:
         self.catalog = catalog
         self.health = health
+        self.prestarts = [p.prestart for p in plugins if p.prestart is not None]
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         fam = GaugeMetricFamily("gpuledger_advertised_devices",
                                 "Device IDs advertised to the kubelet in ListAndWatch, by health",
                                 labels=["resource", "health"])
@@ -35,6 +36,12 @@ class RegistrarCollector(Collector):
             for state in ("Healthy", "Unhealthy"):
                 fam.add_metric([resource, state], sum(s == state for s in states))
         yield fam
+        verdicts = CounterMetricFamily("gpuledger_prestart_verdicts",
+                                       "PreStartContainer calls, by how they were answered: with the verdict asked "
+                                       "ahead after the Allocate, or asked when the kubelet called", labels=["how"])
+        for how in ("ahead", "asked"):
+            verdicts.add_metric([how], sum(p.answered[how] for p in self.prestarts))
+        yield verdicts
 
 
 @asynccontextmanager
@@ -55,19 +62,14 @@ async def observe(settings: Settings, plugins: list[DevicePlugin], catalog: Devi
         bus.observe(bus_s)
         check.observe(check_s)
 
-    prestarts = Counter("gpuledger_prestart_verdicts_total",
-                        "PreStartContainer calls, by how they were answered: with the verdict asked ahead "
-                        "after the Allocate, or asked when the kubelet called", ["how"], registry=registry)
     for plugin in plugins:
         plugin.on_allocated = allocated
-        if plugin.prestart is not None:
-            plugin.prestart.on_answered = lambda how: prestarts.labels(how=how).inc()
         for method in ("Allocate", "PreStartContainer"):
             def outcome(exc: BaseException | None, method: str = method, resource: str = plugin.resource,
                         ) -> dict[str, str]:
                 return {"method": method, "resource": resource, "outcome": "ok" if exc is None else "error"}
 
             setattr(plugin, method, timed(getattr(plugin, method), calls, outcome))
-    registry.register(RegistrarCollector(catalog, health))
+    registry.register(RegistrarCollector(catalog, health, plugins))
     async with serving(settings, "registrar", registry):
         yield registry

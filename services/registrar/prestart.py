@@ -23,7 +23,6 @@ import collections
 import os
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -100,8 +99,7 @@ class AskedAhead:
         self.limit = limit
         self._verdicts: dict[frozenset[str], _Verdict] = {}  # oldest first
         self._by_device: dict[str, frozenset[str]] = {}
-        self.answered: collections.Counter[str] = collections.Counter()  # "ahead" / "asked": PreStarts
-        self.on_answered: Callable[[str], None] | None = None  # told each one too (metrics)
+        self.answered: collections.Counter[str] = collections.Counter()  # PreStarts: "ahead" / "asked" (metrics)
 
     def allocated(self, req: PreStartRequest) -> None:
         """A vcore Allocate of these devices was just answered: ask its PreStart's verdict soon."""
@@ -129,7 +127,7 @@ class AskedAhead:
                 reply = await asyncio.wait_for(verdict, self.timeout)
             except RemoteError as exc:
                 if exc.code == CHECK_FAILED:  # the allocator failed the pod already: its answer stands
-                    self._answered("ahead")
+                    self.answered["ahead"] += 1
                     raise
                 reply = None  # no grant found, the vmanager unserved...: ask now, as without it
             except (BusError, TimeoutError, asyncio.CancelledError):
@@ -137,9 +135,9 @@ class AskedAhead:
                     raise
                 reply = None
             if reply is not None and _is_socket(reply.vcuda_socket):
-                self._answered("ahead")
+                self.answered["ahead"] += 1
                 return reply
-        self._answered("asked")
+        self.answered["asked"] += 1
         return await self.prestart(req)
 
     def _take(self, key: frozenset[str]) -> asyncio.Task[PreStartReply] | None:
@@ -162,11 +160,6 @@ class AskedAhead:
             for device in key:
                 if self._by_device.get(device) == key:
                     del self._by_device[device]
-
-    def _answered(self, how: str) -> None:
-        self.answered[how] += 1
-        if self.on_answered is not None:
-            self.on_answered(how)
 
     def __len__(self) -> int:
         return len(self._verdicts)

@@ -212,7 +212,7 @@ class _Connection:
 
 
 async def serve_unary(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, methods: dict[str, Unary], *,
-                      limit: int = 64 * 1024) -> None:
+                      limit: int) -> None:
     """Answer the connection's calls until the client closes it (or it idles); ``methods`` by path
     (``/pkg.Service/Method``); a request message over ``limit`` bytes is refused."""
     await _Connection(reader, writer, methods, limit).run()

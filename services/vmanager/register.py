@@ -41,7 +41,8 @@ __all__ = ["REGISTER_PATH", "Bound", "RegisterError", "VDeviceRegistrations", "V
 
 _logger = get_logger("vmanager")
 
-REGISTER_PATH = "/vcuda.VCUDAService/RegisterVDevice"
+_SERVICE = pb.DESCRIPTOR.services_by_name["VCUDAService"]
+REGISTER_PATH = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['RegisterVDevice'].name}"
 _EMPTY_RESPONSE = pb.VDeviceResponse().SerializeToString()
 
 # Keep a little of the caller's deadline to write the file and answer.

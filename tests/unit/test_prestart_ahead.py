@@ -8,6 +8,7 @@ the requests it gets, so that the rules can be shown one by one."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 from pathlib import Path
 
@@ -51,10 +52,22 @@ def request(*ids: str) -> PreStartRequest:
     return PreStartRequest(request_id="r", resource="tencent.com/vcuda-core", device_ids=list(ids))
 
 
+class InOrder(collections.Counter[str]):
+    """``AskedAhead.answered``, also listing each PreStart's way in the order they came."""
+
+    def __init__(self, hows: list[str]) -> None:
+        super().__init__()
+        self.hows = hows
+
+    def __setitem__(self, how: str, count: int) -> None:
+        self.hows.append(how)
+        super().__setitem__(how, count)
+
+
 def ahead(asked: Asked, **kwargs: float) -> tuple[AskedAhead, list[str]]:
     verdicts = AskedAhead(asked, after=AFTER, **kwargs)  # type: ignore[arg-type]
     hows: list[str] = []
-    verdicts.on_answered = hows.append
+    verdicts.answered = InOrder(hows)
     return verdicts, hows
 
 
