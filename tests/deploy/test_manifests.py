@@ -62,6 +62,7 @@ OPENS: dict[str, dict[str, bool]] = {
     "hami_library": {"vmanager": False},
     "hami_lock_dir": {"vmanager": True},
     "cgroup_root": {"vmanager": False},
+    "runtime_socket": {"vmanager": False},                # connects only: a read-only mount serves
     # the vmanager reads <proc_root>/<pid>/cgroup; the allocator reads /proc/<pid>/cgroup (usage sampling)
     "proc_root": {"vmanager": False, "allocator": False},
     "ld_cache": {"vmanager": False},
@@ -92,6 +93,8 @@ def paths_of(settings: Settings, name: str) -> list[Path]:
         return [Path(d) for d in value.split(":") if d]
     if name == "log_path":
         return [value.parent]  # SQLite creates its -wal and -shm files next to the log
+    if name == "runtime_socket":  # Path("") when no endpoint is set
+        return [value] if settings.container_runtime_endpoint else []
     return [Path(value)] if str(value) else []
 
 
