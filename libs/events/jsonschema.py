@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -25,15 +26,26 @@ __all__ = ["DEFAULT_OUT", "render", "schema_for", "schemas"]
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
 
+def _clean_descriptions(node: Any) -> Any:
+    """Every ``description`` as ``inspect.cleandoc`` gives it: msgspec 0.22 copies docstrings with their
+    indentation, 0.23 cleans them, and the committed files must not depend on which."""
+    if isinstance(node, dict):
+        return {k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else _clean_descriptions(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_clean_descriptions(v) for v in node]
+    return node
+
+
 def schema_for(type_name: str) -> dict[str, Any]:
     cls = EVENT_TYPES[type_name]
-    event_schema = msgspec.json.schema(cls)
+    event_schema = _clean_descriptions(msgspec.json.schema(cls))
     defs: dict[str, Any] = copy.deepcopy(event_schema["$defs"])
     body = defs[cls.__name__]
     # On the wire the tag travels in the envelope's `type`, not inside `data`.
     body["properties"].pop("type", None)
     body["required"] = [f for f in body.get("required", []) if f != "type"]
-    envelope = msgspec.json.schema(EventRecord)
+    envelope = _clean_descriptions(msgspec.json.schema(EventRecord))
     record = copy.deepcopy(envelope["$defs"]["EventRecord"])
     record["title"] = f"{type_name} v{cls.SCHEMA}"
     record["description"] = (
