@@ -93,13 +93,16 @@ class AskedAhead:
     def __init__(self, prestart: PreStart, *, after: float = AHEAD_AFTER_S, fresh_for: float = FRESH_FOR_S,
                  limit: int = MAX_AHEAD) -> None:
         self.prestart = prestart
-        self.timeout = prestart.timeout
         self.after = after
         self.fresh_for = fresh_for
         self.limit = limit
         self._verdicts: dict[frozenset[str], _Verdict] = {}  # oldest first
         self._by_device: dict[str, frozenset[str]] = {}
         self.answered: collections.Counter[str] = collections.Counter()  # PreStarts: "ahead" / "asked" (metrics)
+
+    @property
+    def timeout(self) -> float:
+        return self.prestart.timeout
 
     def allocated(self, req: PreStartRequest) -> None:
         """A vcore Allocate of these devices was just answered: ask its PreStart's verdict soon."""
@@ -142,11 +145,9 @@ class AskedAhead:
 
     def _take(self, key: frozenset[str]) -> asyncio.Task[PreStartReply] | None:
         """The verdict asked ahead for exactly these devices, while it may still answer; it answers once."""
-        verdict = self._verdicts.pop(key, None)
+        verdict = self._unlink(key)
         if verdict is None:
             return None
-        for device in key:
-            self._by_device.pop(device, None)
         if time.monotonic() - verdict.asked_at > self.fresh_for or (
                 not verdict.task.done() and time.monotonic() - verdict.asked_at < self.after):
             discard(verdict.task)  # too old, or not asked yet: asking now is as quick
@@ -154,12 +155,18 @@ class AskedAhead:
         return verdict.task
 
     def _drop(self, key: frozenset[str]) -> None:
-        verdict = self._verdicts.pop(key, None)
+        verdict = self._unlink(key)
         if verdict is not None:
             discard(verdict.task)
+
+    def _unlink(self, key: frozenset[str]) -> _Verdict | None:
+        """The verdict for exactly these devices, no longer kept (None when there is none)."""
+        verdict = self._verdicts.pop(key, None)
+        if verdict is not None:
             for device in key:
                 if self._by_device.get(device) == key:
                     del self._by_device[device]
+        return verdict
 
     def __len__(self) -> int:
         return len(self._verdicts)
