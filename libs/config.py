@@ -113,7 +113,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 f"limit_delivery must be one of {', '.join(LIMIT_DELIVERIES)}, not {self.limit_delivery!r}")
         if self.allocate_timeout <= 0 or self.request_timeout <= 0:
             raise msgspec.ValidationError("timeouts must be positive")
-        if self.container_runtime_endpoint and not self.runtime_socket.is_absolute():
+        if self.runtime_socket is not None and not self.runtime_socket.is_absolute():
             raise msgspec.ValidationError(
                 f"container_runtime_endpoint must be an absolute socket path or unix:///PATH, "
                 f"not {self.container_runtime_endpoint!r}")
@@ -175,10 +175,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return parse_node_labels(self.node_labels)
 
     @property
-    def runtime_socket(self) -> Path:
-        """The CRI runtime's unix socket from ``container_runtime_endpoint`` (``unix://`` taken off)."""
+    def runtime_socket(self) -> Path | None:
+        """The CRI runtime's unix socket from ``container_runtime_endpoint`` (``unix://`` taken off);
+        None when no endpoint is set."""
         endpoint = self.container_runtime_endpoint
-        return Path(endpoint.removeprefix("unix://"))
+        return Path(endpoint.removeprefix("unix://")) if endpoint else None
 
     @property
     def hami_preload(self) -> Path:

@@ -46,7 +46,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         stack.push_async_callback(bus.close)
         state = LedgerState()
         runtime = None
-        if settings.container_runtime_endpoint:
+        if settings.runtime_socket is not None:
             from services.vmanager.runtimenames import RUNTIME_TIMEOUT, RuntimeNames  # loads the CRI stubs
 
             runtime = RuntimeNames(settings.runtime_socket, timeout=min(RUNTIME_TIMEOUT, settings.request_timeout))

@@ -93,9 +93,7 @@ def paths_of(settings: Settings, name: str) -> list[Path]:
         return [Path(d) for d in value.split(":") if d]
     if name == "log_path":
         return [value.parent]  # SQLite creates its -wal and -shm files next to the log
-    if name == "runtime_socket":  # Path("") when no endpoint is set
-        return [value] if settings.container_runtime_endpoint else []
-    return [Path(value)] if str(value) else []
+    return [Path(value)] if value is not None and str(value) else []
 
 
 def _nvidia_runtime(container: dict[str, Any]) -> bool:
