@@ -10,7 +10,6 @@ The files are committed; ``tests/audit/test_schemas.py`` fails when they are out
 from __future__ import annotations
 
 import argparse
-import copy
 import inspect
 import json
 from pathlib import Path
@@ -39,14 +38,13 @@ def _clean_descriptions(node: Any) -> Any:
 
 def schema_for(type_name: str) -> dict[str, Any]:
     cls = EVENT_TYPES[type_name]
-    event_schema = _clean_descriptions(msgspec.json.schema(cls))
-    defs: dict[str, Any] = copy.deepcopy(event_schema["$defs"])
+    # _clean_descriptions builds new dicts and lists: what follows may change them in place.
+    defs: dict[str, Any] = _clean_descriptions(msgspec.json.schema(cls))["$defs"]
     body = defs[cls.__name__]
     # On the wire the tag travels in the envelope's `type`, not inside `data`.
     body["properties"].pop("type", None)
     body["required"] = [f for f in body.get("required", []) if f != "type"]
-    envelope = _clean_descriptions(msgspec.json.schema(EventRecord))
-    record = copy.deepcopy(envelope["$defs"]["EventRecord"])
+    record = _clean_descriptions(msgspec.json.schema(EventRecord))["$defs"]["EventRecord"]
     record["title"] = f"{type_name} v{cls.SCHEMA}"
     record["description"] = (
         f"A committed `{type_name}` event as published on gpuledger.<node>.{type_name} and printed by "
