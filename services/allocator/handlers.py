@@ -95,6 +95,10 @@ _logger = get_logger("allocator")
 _T = TypeVar("_T")
 
 
+def _nobody_holds(device_ids: list[str]) -> str:
+    return f"no allocation holds these {len(device_ids)} {RESOURCE_VCORE} devices"
+
+
 class Allocator:
     def __init__(
         self, settings: Settings, ledger: Ledger, bus: Bus, *,
@@ -552,7 +556,7 @@ class Allocator:
         self._check_devices(req.resource, req.device_ids)
         guessed = self.state.find_by_devices(req.device_ids)
         if guessed is None and req.ahead:  # asked before the kubelet's call, the grant is gone already
-            raise ServiceError(404, f"no allocation holds these {len(req.device_ids)} {RESOURCE_VCORE} devices")
+            raise ServiceError(404, _nobody_holds(req.device_ids))
         alloc = await self._checked(req, guessed)
         self.annotations.publish(alloc.namespace, alloc.pod_name, alloc.pod_uid, assigned=True, defer=True)
         return PreStartReply(alloc_id=alloc.alloc_id, pod_uid=alloc.pod_uid, container=alloc.container,
@@ -567,10 +571,8 @@ class Allocator:
             holder = settled or await self.verify_identity(req.device_ids, reason="prestart")
             alloc = self.state.find_by_devices(req.device_ids)
             if alloc is None:
-                raise ServiceError(404, (
-                    "PreStartContainer check failed, failed to get pod from deviceplugin checkpoint: no allocation "
-                    f"holds these {len(req.device_ids)} {RESOURCE_VCORE} devices"
-                ))
+                raise ServiceError(404, "PreStartContainer check failed, failed to get pod from deviceplugin "
+                                        f"checkpoint: {_nobody_holds(req.device_ids)}")
             pod = await active_pod.for_pod(alloc.pod_uid)
         if pod is None:
             raise ServiceError(404, f"PreStartContainer check failed, failed to get pod {alloc.pod_uid} in watchdog")
