@@ -45,15 +45,20 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         bus = await Bus.connect(settings.nats_url, name="vmanager", node=settings.node_name)
         stack.push_async_callback(bus.close)
         state = LedgerState()
-        runtime = None
+        runtime = ahead = None
         if settings.runtime_socket is not None:
+            from services.vmanager.namesahead import NamesAhead
             from services.vmanager.runtimenames import RUNTIME_TIMEOUT, RuntimeNames  # loads the CRI stubs
 
             runtime = RuntimeNames(settings.runtime_socket, timeout=min(RUNTIME_TIMEOUT, settings.request_timeout))
             stack.push_async_callback(runtime.close)
+            ahead = NamesAhead(runtime, Path(settings.cgroup_root))
+            ahead.start()
+            stack.callback(ahead.close)
         names = ContainerNames(bus, timeout=settings.request_timeout, runtime=runtime)
         registrations = VDeviceRegistrations(state, names, lookup_patience=settings.request_timeout,
                                              cgroup_root=Path(settings.cgroup_root))
+        registrations.ahead = ahead
         callers = Callers(look_ahead=registrations.look_ahead)
         hami = settings.limit_delivery == "hami-core"
         if hami:
@@ -65,6 +70,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
             lambda key: state.holds(key) or claim_pods.is_claim(key),
             callers=callers, proc_root=Path(settings.proc_root),
             on_prepare=CacheDirs(state) if hami else None, admit_for=claim_pods.admission,
+            on_served=ahead.expect if ahead else None, on_unserved=ahead.forget if ahead else None,
         )
         registrations.on_spare_taken = sockets.respare_soon
         stack.push_async_callback(sockets.close)  # after the follower stopped: nothing restarts them

@@ -73,6 +73,8 @@ class PodSockets:
         proc_root: Path,
         on_prepare: Callable[[str, Path], None] | None = None,
         admit_for: Callable[[str], Admission | None] | None = None,
+        on_served: Callable[[str], None] | None = None,
+        on_unserved: Callable[[str], None] | None = None,
     ) -> None:
         self.vm_root = vm_root
         self.methods = methods  # what a checked caller may call on its pod's socket
@@ -81,6 +83,8 @@ class PodSockets:
         self.proc_root = proc_root
         self.on_prepare = on_prepare  # more per-pod files (hami-core cache directories), every time
         self.admit_for = admit_for  # a claim directory's admission of pods (None for a pod's own)
+        # a pod's own socket started / stopped (namesahead.py watches its cgroup meanwhile)
+        self.on_served, self.on_unserved = on_served, on_unserved
         self.servers: dict[str, _Running] = {}
         self._lock = asyncio.Lock()
         self._spares: set[asyncio.Task[None]] = set()  # respare_soon's
@@ -127,6 +131,8 @@ class PodSockets:
             raise
         self.servers[pod_uid] = _Running(server=gate, identity=file_identity(paths.socket))
         _logger.info("serving vcuda.sock", pod_uid=pod_uid, socket=str(paths.socket))
+        if admit is None and self.on_served is not None:
+            self.on_served(pod_uid)
         await self._make_spare(paths.directory)
 
     def respare_soon(self, pod_uid: str) -> None:
@@ -157,6 +163,8 @@ class PodSockets:
     async def _stop(self, pod_uid: str) -> None:
         running = self.servers.pop(pod_uid, None)
         if running is not None:
+            if self.on_unserved is not None:
+                self.on_unserved(pod_uid)
             await running.server.close()
 
     async def teardown(self, pod_uid: str, *, unless_held: bool = False) -> bool:

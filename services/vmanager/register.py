@@ -21,7 +21,7 @@ import asyncio
 import os
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -36,6 +36,9 @@ from services.vmanager.containers import ContainerNames, ContainerRef, Container
 from services.vmanager.grpcwire import CallFailed, Unary
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
 from services.vmanager.peergate import Caller
+
+if TYPE_CHECKING:
+    from services.vmanager.namesahead import NamesAhead
 
 __all__ = ["REGISTER_PATH", "Bound", "RegisterError", "VDeviceRegistrations", "VcudaMethods"]
 
@@ -78,6 +81,8 @@ class VDeviceRegistrations:
         self.cgroup_root = cgroup_root
         # Told the directory whose spare a registration took (PodSockets.respare_soon makes the next).
         self.on_spare_taken: Callable[[str], None] | None = None
+        # Names asked of the runtime as containers' cgroups appear (namesahead.py), when it runs.
+        self.ahead: NamesAhead | None = None
 
     def allocation_of(self, pod_uid: str, container: str, *, claim_uid: str = "") -> Allocation | None:
         """The grant whose limits the container gets: through a claim's directory (``claim_uid``) the
@@ -223,6 +228,10 @@ class VDeviceRegistrations:
         runtime = self.names.runtime
         if runtime is None or caller.refusal is not None or caller.owner is None or not caller.owner.container_id:
             return None
+        if self.ahead is not None:  # asked when the container's cgroup appeared (namesahead.py)
+            known = self.ahead.answer_for(caller.pod_uid, caller.owner.container_id)
+            if known is not None:
+                return known
         return asyncio.ensure_future(
             runtime.lookup(caller.pod_uid, caller.owner.container_id, timeout=self.lookup_patience / 2))
 

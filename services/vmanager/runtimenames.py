@@ -45,22 +45,26 @@ class RuntimeNames:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def lookup(self, pod_uid: str, container_id: str, *, timeout: float | None = None) -> ContainerRef | None:
+    async def lookup(self, pod_uid: str, container_id: str, *, timeout: float | None = None,
+                     quiet: bool = False) -> ContainerRef | None:
         """The container's name (pod QoS class unknown: ""), None when the runtime cannot say;
-        ContainerUnknown when the runtime says it is another pod's container."""
+        ContainerUnknown when the runtime says it is another pod's container. ``quiet``: asked ahead
+        (namesahead.py), where an id that is no container (a pod sandbox's) is expected: no warning."""
         wait = self.timeout if timeout is None else min(self.timeout, timeout)
         try:
             reply = await self._stub.ContainerStatus(
                 self._pb.ContainerStatusRequest(container_id=container_id), timeout=max(wait, 0.01))
         except grpc.aio.AioRpcError as exc:
-            self._failed(container_id, f"{exc.code().name}: {exc.details()}")
+            if not quiet:
+                self._failed(container_id, f"{exc.code().name}: {exc.details()}")
             return None
         status = reply.status
         labels = status.labels
         name = labels.get(CONTAINER_NAME_LABEL) or status.metadata.name
         owner = labels.get(POD_UID_LABEL, "")
         if not name or not owner:
-            self._failed(container_id, "the container has no Kubernetes labels")
+            if not quiet:
+                self._failed(container_id, "the container has no Kubernetes labels")
             return None
         if not self._answering:
             _logger.info("the container runtime answers again", endpoint=str(self.socket))

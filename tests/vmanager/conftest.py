@@ -18,7 +18,7 @@ from libs.commands import PodsRequest
 from libs.config import Settings
 from libs.store import EventLog
 from services.vmanager.app import VmanagerService
-from tests.vmanager.helpers import NODE, FakeWatchdog, Ledger, running_vmanager, short_tmp
+from tests.vmanager.helpers import NODE, FakeRuntime, FakeWatchdog, Ledger, running_vmanager, short_tmp
 
 
 @pytest.fixture
@@ -81,3 +81,12 @@ async def client_bus(settings: Settings) -> AsyncIterator[Bus]:
     bus = await Bus.connect(settings.nats_url, name="test-client", node=settings.node_name)
     yield bus
     await bus.close()
+
+
+@pytest.fixture
+async def runtime(workdir: Path) -> AsyncIterator[FakeRuntime]:
+    """A CRI runtime answering ContainerStatus on a real unix socket."""
+    fake = FakeRuntime(workdir / "cri.sock")
+    await fake.start()
+    yield fake
+    await fake.stop()

@@ -8,7 +8,6 @@ project's own stubs); the vmanager, its ledger and the watchdog's subject are th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -32,14 +31,6 @@ from tests.vmanager.helpers import (
     register,
     running_vmanager,
 )
-
-
-@pytest.fixture
-async def runtime(workdir: Path) -> AsyncIterator[FakeRuntime]:
-    fake = FakeRuntime(workdir / "cri.sock")
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 def with_runtime(settings: Settings, socket: Path, *, scheme: bool = False) -> Settings:

@@ -1,0 +1,148 @@
+"""Containers named before they call (namesahead.py): the vmanager watches a served pod's cgroup and
+asks the runtime for a container's name as soon as runc makes the container's cgroup, so that the
+container's registration finds it known instead of waiting for ``ContainerStatus``.
+
+The cgroup tree is a directory tree under the test's cgroup root (inotify sees ``mkdir`` there as it
+does on cgroupfs); the runtime is a real gRPC server answering ``ContainerStatus``; the vmanager and
+its ledger are the usual real parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import grpc
+import pytest
+
+from libs.bus import Bus
+from libs.config import Settings
+from libs.vcuda import VcudaClientError
+from tests.builders.cgroups import container_path, hierarchy_dirs
+from tests.polling import eventually
+from tests.vmanager.helpers import (
+    FakeRuntime,
+    FakeWatchdog,
+    Ledger,
+    granted,
+    new_container_id,
+    new_pod_uid,
+    prepared,
+    register,
+    released,
+    running_vmanager,
+)
+
+
+@pytest.fixture
+def cgroup(settings: Settings) -> Path:
+    """A v2 hierarchy with the QoS parents a kubelet makes at its start (systemd driver)."""
+    root = Path(settings.cgroup_root)
+    hierarchy_dirs(root, "v2")
+    (root / "kubepods.slice" / "kubepods-burstable.slice").mkdir(parents=True)
+    return root
+
+
+def runc_makes(cgroup: Path, pod_uid: str, container_id: str) -> Path:
+    """The container's cgroup as runc makes it when the container starts (the pod's too, if new)."""
+    path = cgroup / container_path(pod_uid, container_id, driver="systemd", runtime="containerd", qos="Burstable")
+    path.mkdir(parents=True)
+    return path
+
+
+async def sandbox_then(cgroup: Path, pod_uid: str, sandbox: str, *containers: str) -> None:
+    """A pod started as the kubelet starts it: the sandbox, then (tens of ms later) its containers.
+    The pause makes their timestamps differ (the kernel's file clock ticks every few ms)."""
+    runc_makes(cgroup, pod_uid, sandbox)
+    for cid in containers:
+        await asyncio.sleep(0.03)
+        runc_makes(cgroup, pod_uid, cid)
+
+
+async def test_a_container_is_named_when_its_cgroup_appears_and_its_registration_asks_nothing(
+    settings: Settings, ledger: Ledger, watchdog: FakeWatchdog, client_bus: Bus, runtime: FakeRuntime,
+    cgroup: Path,
+) -> None:
+    uid, cid, sandbox = new_pod_uid(), new_container_id(), new_container_id()
+    runtime.add(cid, "trainer", uid)
+    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+        # Served before its pod's cgroup exists (the grant comes before the sandbox).
+        sock = await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
+        assert runtime.calls == []
+        # The pod sandbox comes first (the kubelet's order): the runtime knows no container by its id,
+        # so it is not asked; its container's cgroup is asked at once.
+        await sandbox_then(cgroup, uid, sandbox, cid)
+        await eventually(lambda: runtime.calls == [cid], timeout=5, interval=0.01, what="asked as its cgroup appeared")
+        assert svc.registrations.ahead is not None and svc.registrations.ahead.asked == 1
+
+        await register(sock, pod_uid=uid, container_id=cid, timeout=5)
+        assert (settings.vm_root / uid / cid / "vcuda.config").read_bytes()[0x1000:0x1007] == b"trainer"
+        assert runtime.calls == [cid]  # the registration asked nothing more
+        assert svc.registrations.names.resolved == {"runtime": 1}
+        assert watchdog.calls == []
+
+
+async def test_containers_already_there_when_the_pod_is_served_are_named_too(
+    settings: Settings, ledger: Ledger, client_bus: Bus, runtime: FakeRuntime, cgroup: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A vmanager restarted while the pod runs: its cgroups exist before the watch, the sandbox's among
+    # them (asked too: nothing tells it apart; its "not found" is expected, so no warning).
+    uid, sandbox, cid, restarted = new_pod_uid(), new_container_id(), new_container_id(), new_container_id()
+    runtime.add(cid, "trainer", uid)
+    runtime.add(restarted, "trainer", uid)
+    runc_makes(cgroup, uid, sandbox)
+    runc_makes(cgroup, uid, cid)
+    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+        await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
+        await eventually(lambda: sorted(runtime.calls) == sorted([sandbox, cid]), timeout=5, interval=0.01,
+                         what="asked for what was found")
+        runc_makes(cgroup, uid, restarted)  # the pod cgroup was not empty: no child is taken for a sandbox
+        await eventually(lambda: runtime.calls[2:] == [restarted], timeout=5, interval=0.01,
+                         what="asked for the new one")
+        assert svc.registrations.names.runtime is not None and svc.registrations.names.runtime._answering
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "runtime" in r.getMessage()]
+
+
+async def test_a_name_found_ahead_counts_only_for_that_pod(
+    settings: Settings, ledger: Ledger, watchdog: FakeWatchdog, client_bus: Bus, runtime: FakeRuntime,
+    cgroup: Path,
+) -> None:
+    # The runtime says the container in this pod's cgroup is another pod's: the answer found ahead is
+    # no name, the registration asks again and is refused as it always was.
+    uid, other, cid = new_pod_uid(), new_pod_uid(), new_container_id()
+    runtime.add(cid, "trainer", other)
+    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))):
+        sock = await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
+        await sandbox_then(cgroup, uid, new_container_id(), cid)
+        await eventually(lambda: runtime.calls == [cid], timeout=5, interval=0.01, what="asked ahead")
+        with pytest.raises(VcudaClientError) as err:
+            await register(sock, pod_uid=uid, container_id=cid, timeout=5)
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        assert f"is a container of pod {other}" in str(err.value)
+        assert runtime.calls == [cid, cid]
+        assert not (settings.vm_root / uid / cid).exists()
+
+
+async def test_a_pod_no_longer_served_is_no_longer_watched(
+    settings: Settings, ledger: Ledger, client_bus: Bus, runtime: FakeRuntime, cgroup: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    uid, first, later, stranger = new_pod_uid(), new_container_id(), new_container_id(), new_container_id()
+    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+        grant = granted(uid, "trainer", cores=30)
+        await prepared(ledger, client_bus, uid, grant)
+        await sandbox_then(cgroup, uid, new_container_id(), first)
+        await eventually(lambda: runtime.calls == [first], timeout=5, interval=0.01, what="asked while served")
+        # a pod the vmanager does not serve: nothing asked for its containers
+        runc_makes(cgroup, new_pod_uid(), stranger)
+        await ledger.append(released(grant))
+        await eventually(lambda: uid not in svc.sockets.servers, timeout=5, interval=0.01,
+                         what="the pod's socket stopped")
+        runc_makes(cgroup, uid, later)
+        await asyncio.sleep(0.2)
+        assert runtime.calls == [first]
+        ahead = svc.registrations.ahead
+        assert ahead is not None and ahead.answer_for(uid, first) is None  # its names forgotten too
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "runtime" in r.getMessage()]
