@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import os
 from collections import OrderedDict
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from inotify_simple import INotify, flags
 
@@ -34,12 +34,23 @@ __all__ = ["QOS_PARENTS", "NamesAhead", "watched_hierarchy"]
 
 _logger = get_logger("vmanager")
 
-# Where the kubelet puts pod cgroups, per QoS class (Guaranteed pods directly in kubepods).
-QOS_PARENTS = tuple(PurePosixPath(p) for p in (
-    "kubepods", "kubepods/burstable", "kubepods/besteffort",
-    "kubepods.slice", "kubepods.slice/kubepods-burstable.slice", "kubepods.slice/kubepods-besteffort.slice"))
+# Where the kubelet puts pod cgroups, per QoS class (Guaranteed pods directly in kubepods). Paths here
+# are strings relative to the watched hierarchy: this runs for every cgroup made on the node.
+QOS_PARENTS = ("kubepods", "kubepods/burstable", "kubepods/besteffort",
+               "kubepods.slice", "kubepods.slice/kubepods-burstable.slice", "kubepods.slice/kubepods-besteffort.slice")
+_PARENT_SET = frozenset(QOS_PARENTS)
+_ON_THE_WAY = frozenset(p.rsplit("/", i)[0] for p in QOS_PARENTS for i in range(p.count("/") + 1))
+_ROOT = "."
 _NEW_DIR = flags.CREATE | flags.ONLYDIR
 MAX_KNOWN = 1024  # names kept ahead (a few per pod being started); the oldest go first
+
+
+def _parent(rel: str) -> str:
+    return rel.rpartition("/")[0] or _ROOT
+
+
+def _child(rel: str, name: str) -> str:
+    return name if rel == _ROOT else f"{rel}/{name}"
 
 
 def watched_hierarchy(cgroup_root: Path) -> Path | None:
@@ -53,9 +64,11 @@ class NamesAhead:
     def __init__(self, runtime: RuntimeNames, cgroup_root: Path) -> None:
         self.runtime = runtime
         self.cgroup_root = cgroup_root
-        self.hierarchy: Path | None = None  # found at the first pod served
+        self.hierarchy: str | None = None  # found at the first pod served
         self._inotify: INotify | None = None
-        self._dirs: dict[int, tuple[PurePosixPath, str]] = {}  # watch -> (directory, its pod's uid or "")
+        self._dirs: dict[int, tuple[str, str]] = {}  # watch -> (directory, its pod's uid or "")
+        self._parents_watched = False  # the QoS parents, or where a missing one will be made
+        self._watched_parents: set[str] = set()  # those of QOS_PARENTS watched now
         self._pod_watches: dict[str, set[int]] = {}
         self._sandbox_next: set[int] = set()  # pod cgroups watched empty: the next child is the sandbox's
         self._expected: set[str] = set()
@@ -87,14 +100,25 @@ class NamesAhead:
         if self._inotify is None or pod_uid in self._expected:
             return
         if self.hierarchy is None:
-            self.hierarchy = watched_hierarchy(self.cgroup_root)
-            if self.hierarchy is None:
+            found = watched_hierarchy(self.cgroup_root)
+            if found is None:
                 return
+            self.hierarchy = str(found)
         self._expected.add(pod_uid)
-        for parent in QOS_PARENTS:  # first the parents, so that a pod cgroup made meanwhile is seen
-            self._watch(parent, "")
-        for rel in pod_cgroup_paths(pod_uid):
-            self._watch(rel, pod_uid)
+        if not self._parents_watched:  # first the parents, so that a pod cgroup made meanwhile is seen
+            self._parents_watched = True
+            for parent in QOS_PARENTS:
+                self._watch_or_ancestor(parent)
+        for path in pod_cgroup_paths(pod_uid):  # then the pod's, if there already (usually not yet)
+            rel = str(path)
+            if _parent(rel) in self._watched_parents and os.path.isdir(f"{self.hierarchy}/{rel}"):
+                self._watch(rel, pod_uid)
+
+    def _watch_or_ancestor(self, rel: str, *, born: bool = False) -> None:
+        """Watch a QoS parent; one that does not exist yet (a node whose first pod is still to come),
+        its nearest existing ancestor, whose event for its making leads here again."""
+        while not self._watch(rel, "", born=born) and rel != _ROOT:
+            rel = _parent(rel)
 
     def forget(self, pod_uid: str) -> None:
         """The pod is no longer served."""
@@ -128,45 +152,64 @@ class NamesAhead:
         return ref if ref is not None else await self.runtime.lookup(pod_uid, container_id)
 
     # --- inotify ---
-    def _watch(self, rel: PurePosixPath, pod_uid: str, *, born: bool = False) -> None:
-        """``born``: a pod cgroup seen made just now (its first child, if already there, is its sandbox)."""
+    def _watch(self, rel: str, pod_uid: str, *, born: bool = False) -> bool:
+        """Whether the directory is watched now (it exists). ``born``: a pod cgroup seen made just
+        now (its first child, if already there, is its sandbox)."""
         assert self._inotify is not None and self.hierarchy is not None
         try:
-            wd = self._inotify.add_watch(self.hierarchy / rel, _NEW_DIR)
+            wd = self._inotify.add_watch(f"{self.hierarchy}/{rel}", _NEW_DIR)
         except OSError:  # not there (yet): its parent's watch sees it made
-            return
+            return False
         fresh = wd not in self._dirs
         self._dirs[wd] = (rel, pod_uid)
+        if rel in _PARENT_SET:
+            self._watched_parents.add(rel)
         if pod_uid and fresh:
             self._pod_watches.setdefault(pod_uid, set()).add(wd)
             # The kubelet starts a pod's sandbox before any of its containers: the first cgroup made in
             # a new or empty pod cgroup is the sandbox's, of which the runtime knows no container.
             # (runc may make the pod's cgroup and the sandbox's at once: both are there by now.)
-            children = self._children(self.hierarchy / rel)
+            children = self._children(f"{self.hierarchy}/{rel}")
             if not children:
                 self._sandbox_next.add(wd)
             elif born and (len(children) == 1 or children[0][0] < children[1][0]):
                 children = children[1:]  # the oldest (timestamps can tie: then nothing is skipped)
             for _ctime, name in children:  # containers made before the watch was in place
-                self._appeared(rel / name)
+                self._appeared(_child(rel, name), pod_uid)
+        elif not pod_uid and fresh:  # a QoS parent (or its ancestor) made meanwhile: its children too
+            for _ctime, name in self._children(f"{self.hierarchy}/{rel}"):
+                self._made(_child(rel, name), name, born=born)
+        return True
 
     @staticmethod
-    def _children(directory: Path) -> list[tuple[int, str]]:
-        """Subdirectories (ctime, name), oldest first."""
-        found = []
+    def _children(directory: str) -> list[tuple[int, str]]:
+        """Subdirectories (ctime, name), oldest first (the time looked up only when there are several)."""
         with contextlib.suppress(OSError):
-            for entry in os.scandir(directory):
+            with os.scandir(directory) as entries:
+                found = [e for e in entries if e.is_dir(follow_symlinks=False)]
+            if len(found) == 1:
+                return [(0, found[0].name)]
+            timed = []
+            for entry in found:
                 with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        found.append((entry.stat(follow_symlinks=False).st_ctime_ns, entry.name))
-        return sorted(found)
+                    timed.append((entry.stat(follow_symlinks=False).st_ctime_ns, entry.name))
+            return sorted(timed)
+        return []
 
     def _unwatch(self, wd: int) -> None:
-        self._dirs.pop(wd, None)
-        self._sandbox_next.discard(wd)
+        self._forget_watch(wd)
         if self._inotify is not None:
             with contextlib.suppress(OSError):  # gone with its directory already
                 self._inotify.rm_watch(wd)
+
+    def _forget_watch(self, wd: int) -> None:
+        rel, pod_uid = self._dirs.pop(wd, (None, ""))
+        self._sandbox_next.discard(wd)
+        if pod_uid:
+            self._pod_watches.get(pod_uid, set()).discard(wd)
+        elif rel is not None:
+            self._watched_parents.discard(rel)
+            self._parents_watched = False  # a parent removed: watched again (or its ancestor) at the next pod
 
     def _on_events(self) -> None:
         assert self._inotify is not None
@@ -177,10 +220,7 @@ class NamesAhead:
             return
         for event in events:
             if event.mask & flags.IGNORED:  # the directory is gone
-                _rel, pod_uid = self._dirs.pop(event.wd, (None, ""))
-                self._sandbox_next.discard(event.wd)
-                if pod_uid:
-                    self._pod_watches.get(pod_uid, set()).discard(event.wd)
+                self._forget_watch(event.wd)
                 continue
             where = self._dirs.get(event.wd)
             if where is None or not event.name or not event.mask & flags.ISDIR:
@@ -189,16 +229,24 @@ class NamesAhead:
             if event.wd in self._sandbox_next:
                 self._sandbox_next.discard(event.wd)
             elif pod_uid:
-                self._appeared(rel / event.name)
+                self._appeared(_child(rel, event.name), pod_uid)
             else:
-                owner = owner_of_path(str(rel / event.name))
-                if owner.pod_uid in self._expected and owner.container_id is None:
-                    self._watch(rel / event.name, owner.pod_uid, born=True)
+                self._made(_child(rel, event.name), event.name, born=True)
 
-    def _appeared(self, rel: PurePosixPath) -> None:
-        owner = owner_of_path(str(rel))
-        cid, pod_uid = owner.container_id, owner.pod_uid
-        if cid is None or pod_uid is None or pod_uid not in self._expected or cid in self._known:
+    def _made(self, rel: str, name: str, *, born: bool = False) -> None:
+        """A directory ``name`` made in a QoS parent or an ancestor of one: a QoS parent, or a pod's
+        cgroup (watched when it is a served pod's)."""
+        if rel in _ON_THE_WAY:
+            self._watch_or_ancestor(rel, born=born)
+            return
+        owner = owner_of_path(name)
+        if owner.pod_uid in self._expected and owner.container_id is None and _parent(rel) in _PARENT_SET:
+            self._watch(rel, owner.pod_uid, born=born)
+
+    def _appeared(self, rel: str, pod_uid: str) -> None:
+        """A cgroup made in a served pod's: a container's."""
+        cid = owner_of_path(rel).container_id
+        if cid is None or pod_uid not in self._expected or cid in self._known:
             return
         self.asked += 1
         # A sandbox's cgroup may still come by (one restarted, or found at the watch): answered None.

@@ -146,3 +146,20 @@ async def test_a_pod_no_longer_served_is_no_longer_watched(
         ahead = svc.registrations.ahead
         assert ahead is not None and ahead.answer_for(uid, first) is None  # its names forgotten too
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "runtime" in r.getMessage()]
+
+
+async def test_on_a_node_whose_first_pod_is_still_to_come_the_qos_parents_are_waited_for(
+    settings: Settings, ledger: Ledger, client_bus: Bus, runtime: FakeRuntime,
+) -> None:
+    # No kubepods tree yet (the kubelet, or here runc, makes it with the first pod): the vmanager
+    # watches the hierarchy's root for it, then the parents as they appear, then the pod's cgroup.
+    root = Path(settings.cgroup_root)
+    hierarchy_dirs(root, "v2")
+    uid, sandbox, cid = new_pod_uid(), new_container_id(), new_container_id()
+    runtime.add(cid, "trainer", uid)
+    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+        await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
+        assert not (root / "kubepods.slice").exists()
+        await sandbox_then(root, uid, sandbox, cid)  # makes kubepods.slice/kubepods-burstable.slice/...
+        await eventually(lambda: runtime.calls == [cid], timeout=5, interval=0.01, what="asked as it appeared")
+        assert svc.registrations.ahead is not None and svc.registrations.ahead.asked == 1
