@@ -77,7 +77,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
         tracker = AllocationTracker(bus, state, sockets, settings.vm_root)
         supervisor = Supervisor("vmanager")
         stack.push_async_callback(supervisor.aclose)
-        await stack.enter_async_context(observe(settings, tracker, sockets, names))  # /metrics
+        await stack.enter_async_context(observe(settings, tracker, sockets, names, ahead))  # /metrics
         supervisor.spawn(tracker.run(), "follow")
         sub = await bus.serve(bus.subjects.prepare, PrepareRequest,
                               Prepare(tracker, sockets, timeout=settings.request_timeout))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -15,14 +16,19 @@ from services.vmanager.containers import ContainerNames
 from services.vmanager.podsockets import PodSockets
 from services.vmanager.tracker import AllocationTracker
 
+if TYPE_CHECKING:
+    from services.vmanager.namesahead import NamesAhead
+
 __all__ = ["VmanagerCollector", "observe"]
 
 
 class VmanagerCollector(Collector):
-    def __init__(self, tracker: AllocationTracker, sockets: PodSockets, names: ContainerNames | None = None) -> None:
+    def __init__(self, tracker: AllocationTracker, sockets: PodSockets, names: ContainerNames | None = None,
+                 ahead: NamesAhead | None = None) -> None:
         self.tracker = tracker
         self.sockets = sockets
         self.names = names
+        self.ahead = ahead
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         for name, doc, value in (
@@ -43,13 +49,22 @@ class VmanagerCollector(Collector):
             for via in ("runtime", "watchdog"):
                 lookups.add_metric([via], self.names.resolved[via])
             yield lookups
+        if self.ahead is not None:
+            ahead = CounterMetricFamily(
+                "gpuledger_vmanager_container_names_ahead",
+                "The runtime asked for a container's name as its cgroup appeared (asked), and registrations "
+                "that found that answer (used)", labels=["step"])
+            ahead.add_metric(["asked"], self.ahead.asked)
+            ahead.add_metric(["used"], self.ahead.used)
+            yield ahead
 
 
 @asynccontextmanager
 async def observe(settings: Settings, tracker: AllocationTracker, sockets: PodSockets,
-                  names: ContainerNames | None = None) -> AsyncIterator[CollectorRegistry]:
+                  names: ContainerNames | None = None, ahead: NamesAhead | None = None,
+                  ) -> AsyncIterator[CollectorRegistry]:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    registry.register(VmanagerCollector(tracker, sockets, names))
+    registry.register(VmanagerCollector(tracker, sockets, names, ahead))
     async with serving(settings, "vmanager", registry):
         yield registry

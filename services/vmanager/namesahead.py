@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -74,7 +75,9 @@ class NamesAhead:
         self._expected: set[str] = set()
         # container id -> (its pod, the runtime's answer, asked when its cgroup appeared)
         self._known: OrderedDict[str, tuple[str, asyncio.Task[ContainerRef | None]]] = OrderedDict()
-        self.asked = 0  # runtime calls made ahead (tests, metrics)
+        self.asked = 0  # runtime calls made as containers' cgroups appeared (metrics, tests)
+        self.used = 0  # registrations that found their container's answer asked ahead
+        self._out_of_watches = False  # said once
 
     def start(self) -> None:
         try:
@@ -137,6 +140,7 @@ class NamesAhead:
         task = known[1]
         if task.done() and (task.cancelled() or task.exception() is not None or task.result() is None):
             return None
+        self.used += 1
         if task.done():
             answer: asyncio.Future[ContainerRef | None] = asyncio.get_running_loop().create_future()
             answer.set_result(task.result())
@@ -158,7 +162,11 @@ class NamesAhead:
         assert self._inotify is not None and self.hierarchy is not None
         try:
             wd = self._inotify.add_watch(f"{self.hierarchy}/{rel}", _NEW_DIR)
-        except OSError:  # not there (yet): its parent's watch sees it made
+        except OSError as exc:  # not there (yet): its parent's watch sees it made
+            if exc.errno == errno.ENOSPC and not self._out_of_watches:  # fs.inotify.max_user_watches
+                self._out_of_watches = True
+                _logger.warning("no inotify watch left: containers are named when they register",
+                                directory=rel, error=str(exc))
             return False
         fresh = wd not in self._dirs
         self._dirs[wd] = (rel, pod_uid)

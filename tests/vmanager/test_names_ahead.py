@@ -19,6 +19,7 @@ import pytest
 from libs.bus import Bus
 from libs.config import Settings
 from libs.vcuda import VcudaClientError
+from services.vmanager.metrics import VmanagerCollector
 from tests.builders.cgroups import container_path, hierarchy_dirs
 from tests.polling import eventually
 from tests.vmanager.helpers import (
@@ -81,6 +82,11 @@ async def test_a_container_is_named_when_its_cgroup_appears_and_its_registration
         assert runtime.calls == [cid]  # the registration asked nothing more
         assert svc.registrations.names.resolved == {"runtime": 1}
         assert watchdog.calls == []
+        # /metrics says so
+        collected = {f.name: f for f in VmanagerCollector(
+            svc.tracker, svc.sockets, svc.registrations.names, svc.registrations.ahead).collect()}
+        samples = {s.labels["step"]: s.value for s in collected["gpuledger_vmanager_container_names_ahead"].samples}
+        assert samples == {"asked": 1, "used": 1}
 
 
 async def test_containers_already_there_when_the_pod_is_served_are_named_too(
