@@ -131,9 +131,11 @@ class NamesAhead:
         for cid in [c for c, (pod, _t) in self._known.items() if pod == pod_uid]:
             discard(self._known.pop(cid)[1])
 
-    def answer_for(self, pod_uid: str, container_id: str) -> asyncio.Future[ContainerRef | None] | None:
+    def answer_for(self, pod_uid: str, container_id: str, *,
+                   timeout: float | None = None) -> asyncio.Future[ContainerRef | None] | None:
         """The runtime's answer for the container, asked ahead (a new future each time: the caller may
-        drop it); None when nothing was asked or the answer was no name."""
+        drop it); None when nothing was asked or the answer was no name. An answer still on its way
+        that brings no name is asked again (``timeout``: that call's)."""
         known = self._known.get(container_id)
         if known is None or known[0] != pod_uid:
             return None
@@ -145,15 +147,15 @@ class NamesAhead:
             answer: asyncio.Future[ContainerRef | None] = asyncio.get_running_loop().create_future()
             answer.set_result(task.result())
             return answer
-        return asyncio.ensure_future(self._awaited(task, pod_uid, container_id))
+        return asyncio.ensure_future(self._awaited(task, pod_uid, container_id, timeout))
 
-    async def _awaited(self, task: asyncio.Task[ContainerRef | None], pod_uid: str,
-                       container_id: str) -> ContainerRef | None:
+    async def _awaited(self, task: asyncio.Task[ContainerRef | None], pod_uid: str, container_id: str,
+                       timeout: float | None) -> ContainerRef | None:
         try:
             ref = await asyncio.shield(task)
         except Exception:  # asked again below, where a failure is reported
             ref = None
-        return ref if ref is not None else await self.runtime.lookup(pod_uid, container_id)
+        return ref if ref is not None else await self.runtime.lookup(pod_uid, container_id, timeout=timeout)
 
     # --- inotify ---
     def _watch(self, rel: str, pod_uid: str, *, born: bool = False) -> bool:

@@ -228,12 +228,12 @@ class VDeviceRegistrations:
         runtime = self.names.runtime
         if runtime is None or caller.refusal is not None or caller.owner is None or not caller.owner.container_id:
             return None
+        wait = self.lookup_patience / 2
         if self.ahead is not None:  # asked when the container's cgroup appeared (namesahead.py)
-            known = self.ahead.answer_for(caller.pod_uid, caller.owner.container_id)
+            known = self.ahead.answer_for(caller.pod_uid, caller.owner.container_id, timeout=wait)
             if known is not None:
                 return known
-        return asyncio.ensure_future(
-            runtime.lookup(caller.pod_uid, caller.owner.container_id, timeout=self.lookup_patience / 2))
+        return asyncio.ensure_future(runtime.lookup(caller.pod_uid, caller.owner.container_id, timeout=wait))
 
     async def _name_of(self, pod_uid: str, container_id: str, time_left: float | None,
                        ahead: asyncio.Future[ContainerRef | None] | None) -> ContainerRef:

@@ -169,3 +169,19 @@ async def test_on_a_node_whose_first_pod_is_still_to_come_the_qos_parents_are_wa
         await sandbox_then(root, uid, sandbox, cid)  # makes kubepods.slice/kubepods-burstable.slice/...
         await eventually(lambda: runtime.calls == [cid], timeout=5, interval=0.01, what="asked as it appeared")
         assert svc.registrations.ahead is not None and svc.registrations.ahead.asked == 1
+
+
+async def test_a_registration_that_comes_while_the_answer_is_on_its_way_waits_for_that_answer(
+    settings: Settings, ledger: Ledger, client_bus: Bus, runtime: FakeRuntime, cgroup: Path,
+) -> None:
+    uid, cid = new_pod_uid(), new_container_id()
+    runtime.add(cid, "trainer", uid)
+    runtime.delay = 0.3  # a busy runtime: the container connects before it has answered
+    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+        sock = await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
+        await sandbox_then(cgroup, uid, new_container_id(), cid)
+        await eventually(lambda: runtime.calls == [cid], timeout=5, interval=0.01, what="asked ahead")
+        await register(sock, pod_uid=uid, container_id=cid, timeout=5)
+        assert runtime.calls == [cid]  # the answer on its way was awaited, not asked for again
+        assert svc.registrations.names.resolved == {"runtime": 1}
+        assert svc.registrations.ahead is not None and svc.registrations.ahead.used == 1
