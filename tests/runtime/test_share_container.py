@@ -10,6 +10,9 @@ from tests.runtime.helpers import VCUDA_SOCK, RtNode, gpu_container, pod, runtim
 
 async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(rt_node: RtNode) -> None:
     node = rt_node
+    ahead = node.services["vmanager"].registrations.ahead
+    assert ahead is not None  # the runtime endpoint is set: the vmanager watches the pods' cgroups
+    asked, used = ahead.asked, ahead.used
     # 1. A pod asking for half a GPU and 4 x 256 MiB starts as a real container.
     running = await node.run_pod(pod("share", gpu_container("cuda", cores=50, memory=4)))
     assert running["status"]["phase"] == "Running", running["status"]
@@ -30,8 +33,11 @@ async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(
     # 3. Register the way the interception library does: connect to the mounted vcuda.sock.
     code, out = await node.register("share", "cuda")
     assert (code, out.strip()) == (0, "registered"), out
-    # The vmanager named the container by asking containerd (CRI ContainerStatus), not the pod's status.
+    # The vmanager named the container by asking containerd (CRI ContainerStatus), not the pod's status,
+    # and it asked when runc made the container's cgroup, before the container ran: once, for the
+    # container only (not for the sandbox, whose cgroup came first), and the registration used it.
     assert node.services["vmanager"].registrations.names.resolved == {"runtime": 1}
+    assert (ahead.asked - asked, ahead.used - used) == (1, 1)
 
     # 4. The container reads its own vcuda.config: its pod, its container, 50 % and 1 GiB.
     cfg = await node.read_vcuda_config("share", "cuda")
