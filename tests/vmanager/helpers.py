@@ -322,6 +322,11 @@ async def prepared(ledger: Ledger, bus: Bus, uid: str, *grants: object) -> Path:
     return Path(reply.socket)
 
 
+def with_runtime(settings: Settings, socket: Path, *, scheme: bool = False) -> Settings:
+    """``settings`` with the CRI runtime at ``socket`` (``unix://`` in front with ``scheme``)."""
+    return settings.replace(container_runtime_endpoint=f"unix://{socket}" if scheme else str(socket))
+
+
 class FakeRuntime(cri_grpc.RuntimeServiceServicer):
     """A CRI runtime's ``ContainerStatus`` on a real unix socket, answering for the containers added
     (labelled as the kubelet labels them); ``delay`` makes it slow, ``labelled=False`` a runtime that

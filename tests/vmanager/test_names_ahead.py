@@ -33,6 +33,7 @@ from tests.vmanager.helpers import (
     register,
     released,
     running_vmanager,
+    with_runtime,
 )
 
 
@@ -67,7 +68,7 @@ async def test_a_container_is_named_when_its_cgroup_appears_and_its_registration
 ) -> None:
     uid, cid, sandbox = new_pod_uid(), new_container_id(), new_container_id()
     runtime.add(cid, "trainer", uid)
-    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+    async with running_vmanager(with_runtime(settings, runtime.socket)) as svc:
         # Served before its pod's cgroup exists (the grant comes before the sandbox).
         sock = await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
         assert runtime.calls == []
@@ -100,7 +101,7 @@ async def test_containers_already_there_when_the_pod_is_served_are_named_too(
     runtime.add(restarted, "trainer", uid)
     runc_makes(cgroup, uid, sandbox)
     runc_makes(cgroup, uid, cid)
-    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+    async with running_vmanager(with_runtime(settings, runtime.socket)) as svc:
         await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
         await eventually(lambda: sorted(runtime.calls) == sorted([sandbox, cid]), timeout=5, interval=0.01,
                          what="asked for what was found")
@@ -119,7 +120,7 @@ async def test_a_name_found_ahead_counts_only_for_that_pod(
     # no name, the registration asks again and is refused as it always was.
     uid, other, cid = new_pod_uid(), new_pod_uid(), new_container_id()
     runtime.add(cid, "trainer", other)
-    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))):
+    async with running_vmanager(with_runtime(settings, runtime.socket)):
         sock = await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
         await sandbox_then(cgroup, uid, new_container_id(), cid)
         await eventually(lambda: runtime.calls == [cid], timeout=5, interval=0.01, what="asked ahead")
@@ -136,7 +137,7 @@ async def test_a_pod_no_longer_served_is_no_longer_watched(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     uid, first, later, stranger = new_pod_uid(), new_container_id(), new_container_id(), new_container_id()
-    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+    async with running_vmanager(with_runtime(settings, runtime.socket)) as svc:
         grant = granted(uid, "trainer", cores=30)
         await prepared(ledger, client_bus, uid, grant)
         await sandbox_then(cgroup, uid, new_container_id(), first)
@@ -163,7 +164,7 @@ async def test_on_a_node_whose_first_pod_is_still_to_come_the_qos_parents_are_wa
     hierarchy_dirs(root, "v2")
     uid, sandbox, cid = new_pod_uid(), new_container_id(), new_container_id()
     runtime.add(cid, "trainer", uid)
-    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+    async with running_vmanager(with_runtime(settings, runtime.socket)) as svc:
         await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
         assert not (root / "kubepods.slice").exists()
         await sandbox_then(root, uid, sandbox, cid)  # makes kubepods.slice/kubepods-burstable.slice/...
@@ -177,7 +178,7 @@ async def test_a_registration_that_comes_while_the_answer_is_on_its_way_waits_fo
     uid, cid = new_pod_uid(), new_container_id()
     runtime.add(cid, "trainer", uid)
     runtime.delay = 0.3  # a busy runtime: the container connects before it has answered
-    async with running_vmanager(settings.replace(container_runtime_endpoint=str(runtime.socket))) as svc:
+    async with running_vmanager(with_runtime(settings, runtime.socket)) as svc:
         sock = await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
         await sandbox_then(cgroup, uid, new_container_id(), cid)
         await eventually(lambda: runtime.calls == [cid], timeout=5, interval=0.01, what="asked ahead")

@@ -30,11 +30,8 @@ from tests.vmanager.helpers import (
     prepared,
     register,
     running_vmanager,
+    with_runtime,
 )
-
-
-def with_runtime(settings: Settings, socket: Path, *, scheme: bool = False) -> Settings:
-    return settings.replace(container_runtime_endpoint=f"unix://{socket}" if scheme else str(socket))
 
 
 async def test_the_runtime_names_the_container_before_the_pod_status_does(
