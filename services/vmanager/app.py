@@ -57,8 +57,7 @@ async def service(settings: Settings) -> AsyncIterator[VmanagerService]:
             stack.callback(ahead.close)
         names = ContainerNames(bus, timeout=settings.request_timeout, runtime=runtime)
         registrations = VDeviceRegistrations(state, names, lookup_patience=settings.request_timeout,
-                                             cgroup_root=Path(settings.cgroup_root))
-        registrations.ahead = ahead
+                                             cgroup_root=Path(settings.cgroup_root), ahead=ahead)
         callers = Callers(look_ahead=registrations.look_ahead)
         hami = settings.limit_delivery == "hami-core"
         if hami:

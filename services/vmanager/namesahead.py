@@ -140,14 +140,16 @@ class NamesAhead:
         if known is None or known[0] != pod_uid:
             return None
         task = known[1]
-        if task.done() and (task.cancelled() or task.exception() is not None or task.result() is None):
+        if not task.done():
+            self.used += 1
+            return asyncio.ensure_future(self._awaited(task, pod_uid, container_id, timeout))
+        ref = None if task.cancelled() or task.exception() is not None else task.result()
+        if ref is None:
             return None
         self.used += 1
-        if task.done():
-            answer: asyncio.Future[ContainerRef | None] = asyncio.get_running_loop().create_future()
-            answer.set_result(task.result())
-            return answer
-        return asyncio.ensure_future(self._awaited(task, pod_uid, container_id, timeout))
+        answer: asyncio.Future[ContainerRef | None] = asyncio.get_running_loop().create_future()
+        answer.set_result(ref)
+        return answer
 
     async def _awaited(self, task: asyncio.Task[ContainerRef | None], pod_uid: str, container_id: str,
                        timeout: float | None) -> ContainerRef | None:

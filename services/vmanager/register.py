@@ -73,16 +73,17 @@ class VDeviceRegistrations:
     then written as the container's vcuda.config and pids.config."""
 
     def __init__(
-        self, state: LedgerState, names: ContainerNames, *, lookup_patience: float, cgroup_root: Path
+        self, state: LedgerState, names: ContainerNames, *, lookup_patience: float, cgroup_root: Path,
+        ahead: NamesAhead | None = None,
     ) -> None:
         self.state = state
         self.names = names
         self.lookup_patience = lookup_patience
         self.cgroup_root = cgroup_root
+        # Names asked of the runtime as containers' cgroups appear (namesahead.py), when it runs.
+        self.ahead = ahead
         # Told the directory whose spare a registration took (PodSockets.respare_soon makes the next).
         self.on_spare_taken: Callable[[str], None] | None = None
-        # Names asked of the runtime as containers' cgroups appear (namesahead.py), when it runs.
-        self.ahead: NamesAhead | None = None
 
     def allocation_of(self, pod_uid: str, container: str, *, claim_uid: str = "") -> Allocation | None:
         """The grant whose limits the container gets: through a claim's directory (``claim_uid``) the
