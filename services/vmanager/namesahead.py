@@ -117,10 +117,10 @@ class NamesAhead:
             if _parent(rel) in self._watched_parents and os.path.isdir(f"{self.hierarchy}/{rel}"):
                 self._watch(rel, pod_uid)
 
-    def _watch_or_ancestor(self, rel: str, *, born: bool = False) -> None:
+    def _watch_or_ancestor(self, rel: str) -> None:
         """Watch a QoS parent; one that does not exist yet (a node whose first pod is still to come),
         its nearest existing ancestor, whose event for its making leads here again."""
-        while not self._watch(rel, "", born=born) and rel != _ROOT:
+        while not self._watch(rel, "") and rel != _ROOT:
             rel = _parent(rel)
 
     def forget(self, pod_uid: str) -> None:
@@ -160,9 +160,8 @@ class NamesAhead:
         return ref if ref is not None else await self.runtime.lookup(pod_uid, container_id, timeout=timeout)
 
     # --- inotify ---
-    def _watch(self, rel: str, pod_uid: str, *, born: bool = False) -> bool:
-        """Whether the directory is watched now (it exists). ``born``: a pod cgroup seen made just
-        now (its first child, if already there, is its sandbox)."""
+    def _watch(self, rel: str, pod_uid: str) -> bool:
+        """Whether the directory is watched now (it exists)."""
         assert self._inotify is not None and self.hierarchy is not None
         try:
             wd = self._inotify.add_watch(f"{self.hierarchy}/{rel}", _NEW_DIR)
@@ -178,19 +177,19 @@ class NamesAhead:
             self._watched_parents.add(rel)
         if pod_uid and fresh:
             self._pod_watches.setdefault(pod_uid, set()).add(wd)
-            # The kubelet starts a pod's sandbox before any of its containers: the first cgroup made in
-            # a new or empty pod cgroup is the sandbox's, of which the runtime knows no container.
-            # (runc may make the pod's cgroup and the sandbox's at once: both are there by now.)
+            # The kubelet starts a pod's sandbox before any of its containers (a new sandbox, new
+            # containers): a pod cgroup's oldest child is the sandbox's, of which the runtime knows no
+            # container. Still to come when the pod cgroup is empty; timestamps that tie skip nothing.
             children = self._children(f"{self.hierarchy}/{rel}")
             if not children:
                 self._sandbox_next.add(wd)
-            elif born and (len(children) == 1 or children[0][0] < children[1][0]):
-                children = children[1:]  # the oldest (timestamps can tie: then nothing is skipped)
+            elif len(children) == 1 or children[0][0] < children[1][0]:
+                children = children[1:]
             for _ctime, name in children:  # containers made before the watch was in place
                 self._appeared(_child(rel, name), pod_uid)
         elif not pod_uid and fresh:  # a QoS parent (or its ancestor) made meanwhile: its children too
             for _ctime, name in self._children(f"{self.hierarchy}/{rel}"):
-                self._made(_child(rel, name), name, born=born)
+                self._made(_child(rel, name), name)
         return True
 
     @staticmethod
@@ -243,17 +242,17 @@ class NamesAhead:
             elif pod_uid:
                 self._appeared(_child(rel, event.name), pod_uid)
             else:
-                self._made(_child(rel, event.name), event.name, born=True)
+                self._made(_child(rel, event.name), event.name)
 
-    def _made(self, rel: str, name: str, *, born: bool = False) -> None:
+    def _made(self, rel: str, name: str) -> None:
         """A directory ``name`` made in a QoS parent or an ancestor of one: a QoS parent, or a pod's
         cgroup (watched when it is a served pod's)."""
         if rel in _ON_THE_WAY:
-            self._watch_or_ancestor(rel, born=born)
+            self._watch_or_ancestor(rel)
             return
         owner = owner_of_path(name)
         if owner.pod_uid in self._expected and owner.container_id is None and _parent(rel) in _PARENT_SET:
-            self._watch(rel, owner.pod_uid, born=born)
+            self._watch(rel, owner.pod_uid)
 
     def _appeared(self, rel: str, pod_uid: str) -> None:
         """A cgroup made in a served pod's: a container's."""

@@ -94,19 +94,18 @@ async def test_containers_already_there_when_the_pod_is_served_are_named_too(
     settings: Settings, ledger: Ledger, client_bus: Bus, runtime: FakeRuntime, cgroup: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # A vmanager restarted while the pod runs: its cgroups exist before the watch, the sandbox's among
-    # them (asked too: nothing tells it apart; its "not found" is expected, so no warning).
+    # A vmanager restarted while the pod runs: its cgroups exist before the watch. The oldest is the
+    # sandbox's (not asked); a sandbox asked all the same (timestamps that tie) would answer "not
+    # found", which is expected there, so no warning.
     uid, sandbox, cid, restarted = new_pod_uid(), new_container_id(), new_container_id(), new_container_id()
     runtime.add(cid, "trainer", uid)
     runtime.add(restarted, "trainer", uid)
-    runc_makes(cgroup, uid, sandbox)
-    runc_makes(cgroup, uid, cid)
+    await sandbox_then(cgroup, uid, sandbox, cid)
     async with running_vmanager(with_runtime(settings, runtime.socket)) as svc:
         await prepared(ledger, client_bus, uid, granted(uid, "trainer", cores=30))
-        await eventually(lambda: sorted(runtime.calls) == sorted([sandbox, cid]), timeout=5, interval=0.01,
-                         what="asked for what was found")
-        runc_makes(cgroup, uid, restarted)  # the pod cgroup was not empty: no child is taken for a sandbox
-        await eventually(lambda: runtime.calls[2:] == [restarted], timeout=5, interval=0.01,
+        await eventually(lambda: runtime.calls == [cid], timeout=5, interval=0.01, what="asked for what was found")
+        runc_makes(cgroup, uid, restarted)  # a later container of the pod (restarted): asked
+        await eventually(lambda: runtime.calls == [cid, restarted], timeout=5, interval=0.01,
                          what="asked for the new one")
         assert svc.registrations.names.runtime is not None and svc.registrations.names.runtime._answering
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "runtime" in r.getMessage()]
