@@ -48,9 +48,12 @@ from simulator.runtime.hostlock import RuntimeBusy
 
 # What a CUDA interception library does at its first call, in one process as the library does it:
 # its ids from /proc/self/cgroup, RegisterVDevice through the mounted vcuda.sock, then its own
-# 8240-byte vcuda.config read (vcuda-register --self, simulator/runtime/csrc/vcuda_register.c).
+# 8240-byte vcuda.config read (vcuda-register --self, simulator/runtime/csrc/vcuda_register.c). The
+# same process then says it is running (the marker file), as the plain pod's one process does: each
+# pod's shell starts exactly one program, so the GPU pod's time holds no process the plain pod's lacks
+# beyond what the registration itself needs.
 GPU_SCRIPT = (
-    "/bin/vcuda-register --self /etc/vcuda/vcuda.sock && touch /out/$POD_NAME; "
+    "/bin/vcuda-register --self /etc/vcuda/vcuda.sock /out/$POD_NAME; "
     "trap 'exit 0' TERM; sleep 2147483647 & wait"
 )
 PLAIN_SCRIPT = "touch /out/$POD_NAME; trap 'exit 0' TERM; sleep 2147483647 & wait"

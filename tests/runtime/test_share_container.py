@@ -51,13 +51,19 @@ async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(
     assert VCUDA_SOCK.startswith("/etc/vcuda/")
 
     # 5. The library's whole first step as one process inside (what bench/pod_start.py's GPU container
-    # runs): its ids from /proc/self/cgroup, the registration, its own 8240-byte vcuda.config read.
-    reply = await node.exec("share", "cuda", "/bin/vcuda-register", "--self", VCUDA_SOCK)
+    # runs): its ids from /proc/self/cgroup, the registration, its own 8240-byte vcuda.config read,
+    # then its "running" file, created only once all of that succeeded.
+    reply = await node.exec("share", "cuda", "/bin/vcuda-register", "--self", VCUDA_SOCK, "/tmp/ready")
     assert (reply.exit_code, reply.stdout, reply.stderr) == (0, b"", b""), reply
-    # Registered through a link elsewhere, it finds no vcuda.config beside it: a failure, not a silent pass.
+    code, out = await node.sh("share", "cuda", "test -e /tmp/ready && echo ready")
+    assert (code, out.strip()) == (0, "ready"), out
+    # Registered through a link elsewhere, it finds no vcuda.config beside it: a failure, not a silent
+    # pass, and no "running" file.
     code, out = await node.sh("share", "cuda", "mkdir -p /tmp/x && ln -sf /etc/vcuda/vcuda.sock /tmp/x/vcuda.sock && "
-                              "/bin/vcuda-register --self /tmp/x/vcuda.sock; echo rc=$?")
+                              "/bin/vcuda-register --self /tmp/x/vcuda.sock /tmp/x/ready; echo rc=$?")
     assert f"/tmp/x/{cid}/vcuda.config" in out and "rc=0" not in out, out
+    code, out = await node.sh("share", "cuda", "ls /tmp/x")
+    assert out.split() == ["vcuda.sock"], out
 
 
 async def test_prestart_comes_after_the_pods_sandbox_as_in_the_kubelets_sync(rt_node: RtNode) -> None:

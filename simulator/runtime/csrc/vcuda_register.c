@@ -3,12 +3,14 @@
  * the container id, then exit 0 when the manager answered with a response message.
  *
  *   vcuda-register SOCKET POD_UID CONTAINER_ID [CONTAINER_NAME]
- *   vcuda-register --self SOCKET
+ *   vcuda-register --self SOCKET [READY_FILE]
  *
  * --self is the library's whole first step, in this one process: its pod UID and container id from
  * /proc/self/cgroup (the kubelet's .../pod<UID>/<CONTAINER_ID>), the registration, then its own
  * vcuda.config read beside the socket (<dir of SOCKET>/<CONTAINER_ID>/vcuda.config), which must be
- * the 8240 bytes vcuda-controller reads; exit 4 when it is not.
+ * the 8240 bytes vcuda-controller reads; exit 4 when it is not. READY_FILE, when given, is created
+ * once all of that is done: the application's own "I am running" signal, from the same process, as an
+ * application that makes CUDA calls gives it after its first one (bench/pod_start.py waits for it).
  *
  * A static binary with no gRPC library: gRPC here is one HTTP/2 stream over the unix socket (client
  * preface, SETTINGS, one HEADERS frame with literal HPACK fields, one DATA frame carrying the
@@ -158,17 +160,25 @@ static int register_vdevice(const char *sock, const char *uid, const char *cid, 
 int main(int argc, char **argv) {
     signal(SIGALRM, on_alarm);
     alarm(10);
-    if (argc == 3 && strcmp(argv[1], "--self") == 0) {
+    if ((argc == 3 || argc == 4) && strcmp(argv[1], "--self") == 0) {
         char uid[128], cid[128];
         if (own_ids(uid, sizeof uid, cid, sizeof cid) < 0) {
             fprintf(stderr, "no kubepods cgroup in /proc/self/cgroup\n");
             return 2;
         }
         int rc = register_vdevice(argv[2], uid, cid, NULL);
-        return rc ? rc : read_config(argv[2], cid);
+        if (!rc)
+            rc = read_config(argv[2], cid);
+        if (!rc && argc == 4) {
+            int fd = open(argv[3], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (fd < 0)
+                die(argv[3]);
+            close(fd);
+        }
+        return rc;
     }
     if (argc < 4 || argc > 5) {
-        fprintf(stderr, "usage: %s SOCKET POD_UID CONTAINER_ID [CONTAINER_NAME]\n       %s --self SOCKET\n",
+        fprintf(stderr, "usage: %s SOCKET POD_UID CONTAINER_ID [CONTAINER_NAME]\n       %s --self SOCKET [READY_FILE]\n",
                 argv[0], argv[0]);
         return 2;
     }
