@@ -17,7 +17,8 @@ as often as each floor. Phases: ``idle`` (nothing added), ``loaded``
 (one busy-looping process per CPU core, started by this benchmark, each in a scheduling group of its own
 like every process here: see start_burners). After each phase the registrar's
 and the allocator's ``/metrics`` are scraped and the per-hop histograms (registrar total, bus round
-trip, allocator decide, append+fsync, reply) are printed as the phase's difference.
+trip, allocator decide, append+fsync, reply) are printed as the phase's difference, and the slowest 2 %
+of our Allocates are split leg by leg from the services' own log lines (bench/allocate_tail.py).
 
     python -m bench.allocate_rtt [--pods 2000] [--warmup 50] [--load both|idle|loaded] [--json out.json]
 """
@@ -40,6 +41,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.allocate_tail import log_size, phase_tail
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
@@ -201,12 +203,15 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
             print(f"phase {phase}: {pods} + {warmup} warm-up Allocates per floor, twice that of ours",
                   file=sys.stderr, flush=True)
             burners = start_burners() if phase == "loaded" else []
+            logs = {svc: workdir / "logs" / f"{svc}.log" for svc in ("registrar", "allocator")}
             try:
+                starts = {svc: log_size(path) for svc, path in logs.items()}
                 before = await scrape_hops(ports)
                 driver.stdin.write(json.dumps({"pods": pods, "warmup": warmup}).encode() + b"\n")
                 await driver.stdin.drain()
                 line = await asyncio.wait_for(driver.stdout.readline(), 3600)
                 after = await scrape_hops(ports)
+                marks = {svc: (starts[svc], log_size(path)) for svc, path in logs.items()}
             finally:
                 stop_burners(burners)
             if not line:
@@ -218,7 +223,7 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
                               times["durable"])
             results[phase] = {"rows": [ours, bare, durable], "to_bare": ratios(ours, bare),
                               "to_durable": ratios(ours, durable), "durable_to_bare": ratios(durable, bare),
-                              "hops": hop_rows(before, after)}
+                              "hops": hop_rows(before, after), "tail": phase_tail(workdir / "logs", marks)}
     finally:
         driver.stdin.close()
         with contextlib.suppress(TimeoutError):
@@ -253,6 +258,12 @@ def report(results: dict[str, object]) -> None:
         print("\n| hop (from /metrics) | n | mean ms | p50 <= ms | p99 <= ms |\n|---|---:|---:|---:|---:|")
         for h in res["hops"]:
             print(f"| {h['hop']} | {h['n']} | {h['mean_ms']} | {h['p50_le_ms']} | {h['p99_le_ms']} |")
+        tail = res["tail"]
+        if tail["legs"]:
+            print(f"\n| the slowest {tail['share']:.0%} of ours, leg by leg ({tail['joined']} joined log lines) "
+                  "| faster half, mean ms | slowest, mean ms | added ms |\n|---|---:|---:|---:|")
+            for leg in tail["legs"]:
+                print(f"| {leg['leg']} | {leg['fast_half_ms']} | {leg['slowest_ms']} | {leg['added_ms']} |")
     print(f"\n({results['machine']})")
 
 
