@@ -1,7 +1,9 @@
 """Idle footprint of the agent: RSS and PSS of each process, and idle CPU, as ``gpuledger up`` runs it.
 
 Starts the node simulator (``gpuledger sim``: a kubelet to register with, an API server to watch) and
-then ``gpuledger up`` with its embedded nats-server and fake GPUs, against it, with metrics on. Once
+then ``gpuledger up`` with its embedded nats-server and fake GPUs, against it, with metrics on, and with a
+container runtime endpoint, as deploy/ gives the vmanager one (its runtime client is made at start;
+the socket need not exist: nothing is asked until a container registers). Once
 every service serves /metrics and the registrar has registered both resources with the kubelet, it
 waits ``--settle`` seconds, reads ``/proc/<pid>/smaps_rollup`` (Rss, Pss) of the broker and each
 service, and the CPU time (utime + stime from ``/proc/<pid>/stat``) each spends over ``--seconds``.
@@ -114,7 +116,8 @@ def measure(gpuledger: str, work: Path, api: str, sim_pid: int, *, settle: float
         up = subprocess.Popen([gpuledger, "up", "--node-name", "fp-node", "--state-dir", str(work / "state"),
                                "--device-plugin-dir", str(work / "dp"), "--pod-resources-socket",
                                str(work / "pr.sock"), "--kubeconfig", str(work / "kubeconfig"), "--gpus", "fake",
-                               "--metrics-port", str(base), "--log-level", "info"],
+                               "--metrics-port", str(base), "--log-level", "info",
+                               "--container-runtime-endpoint", "/run/containerd/containerd.sock"],
                               **quiet)  # type: ignore[call-overload]
         wait_until(lambda: all(serves(base + i) for i in range(4)), 90, "every service's /metrics")
         wait_until(lambda: registered(api), 60, "the registrar's registration with the kubelet")

@@ -1,4 +1,5 @@
-"""gRPC unary calls served on one connection the gate has checked (peergate.py), with ``h2``.
+"""gRPC unary calls with ``h2``: served on one connection the gate has checked (peergate.py), and
+made to the container runtime (runtimenames.py).
 
 grpcio's Python server cannot say which process connected to a unix socket (no SO_PEERCRED), so the
 gate used to copy each checked connection to a private grpcio server. On a node starting containers
@@ -11,17 +12,23 @@ gRPC over HTTP/2, unary only (what vcuda.sock serves): a request is HEADERS (``:
 holding one length-prefixed message, END_STREAM; the answer is HEADERS (``:status 200``), DATA, and
 trailers with ``grpc-status`` and ``grpc-message``, or trailers alone for a failure. Each stream is
 answered in a task of its own; a connection with no call open is closed after ``IDLE_CLOSE_S``.
+
+``call_unary`` is the same exchange from the other side, one connection per call (a registration
+asks the runtime once or twice). With it the vmanager needs no grpcio at all: grpcio's library and a
+channel's threads cost a deployed vmanager 11 MB of its RSS (docs/benchmarks.md, fifteenth round).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-import grpc
 import h2.config
 import h2.connection
 import h2.errors
@@ -29,7 +36,7 @@ import h2.events
 import h2.exceptions
 import hpack
 
-__all__ = ["IDLE_CLOSE_S", "CallFailed", "Unary", "serve_unary"]
+__all__ = ["IDLE_CLOSE_S", "CallFailed", "Status", "Unary", "call_unary", "serve_unary"]
 
 # A method: the request message's bytes and the caller's time left (None: no deadline) -> the reply's.
 Unary = Callable[[bytes, "float | None"], Awaitable[bytes]]
@@ -49,10 +56,33 @@ class _PlainEncoder(hpack.Encoder):
         return super().encode(headers, huffman=False)
 
 
-class CallFailed(Exception):
-    """What a method raises to answer with a gRPC status other than OK."""
+class Status(enum.IntEnum):
+    """gRPC's status codes, as numbered on the wire (``grpc-status``)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class CallFailed(Exception):
+    """What a method raises to answer with a gRPC status other than OK (and what ``call_unary`` raises
+    when answered with one)."""
+
+    def __init__(self, code: Status, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -75,23 +105,23 @@ def _deadline(value: str | None) -> float | None:
         return None
     match = _TIMEOUT.match(value)
     if match is None:
-        raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, f"malformed grpc-timeout {value[:32]!r}")
+        raise CallFailed(Status.INVALID_ARGUMENT, f"malformed grpc-timeout {value[:32]!r}")
     return int(match.group(1)) * _TIMEOUT_UNITS[match.group(2)]
 
 
 def _message(body: bytes, limit: int) -> bytes:
-    """The one length-prefixed message of a unary request."""
+    """The one length-prefixed message of a unary request (or reply)."""
     if len(body) < 5:
-        raise CallFailed(grpc.StatusCode.INTERNAL, "the request holds no length-prefixed message")
+        raise CallFailed(Status.INTERNAL, "no length-prefixed message in the call")
     if body[0] != 0:
-        raise CallFailed(grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not accepted here")
+        raise CallFailed(Status.UNIMPLEMENTED, "compressed messages are not accepted here")
     length = int.from_bytes(body[1:5], "big")
     if length > limit:
-        raise CallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED,
+        raise CallFailed(Status.RESOURCE_EXHAUSTED,
                          f"Received message larger than max ({length} vs. {limit})")
     if len(body) != 5 + length:
-        raise CallFailed(grpc.StatusCode.INTERNAL,
-                         f"the request's message is {len(body) - 5} bytes, its prefix says {length}")
+        raise CallFailed(Status.INTERNAL,
+                         f"the message is {len(body) - 5} bytes, its prefix says {length}")
     return bytes(body[5:])
 
 
@@ -154,7 +184,7 @@ class _Connection:
                 if len(call.body) > self.limit + 5:
                     call.refused = True
                     self._fail(event.stream_id, CallFailed(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        Status.RESOURCE_EXHAUSTED,
                         f"Received message larger than max ({len(call.body) - 5}+ vs. {self.limit})"))
                     with contextlib.suppress(h2.exceptions.ProtocolError):
                         self.h2.reset_stream(event.stream_id, h2.errors.ErrorCodes.NO_ERROR)
@@ -177,16 +207,16 @@ class _Connection:
         try:
             method = self.methods.get(call.headers.get(":path", ""))
             if call.headers.get(":method") != "POST" or method is None:
-                raise CallFailed(grpc.StatusCode.UNIMPLEMENTED,
+                raise CallFailed(Status.UNIMPLEMENTED,
                                  f"no method {call.headers.get(':path', '')[:200]!r} here")
             if not call.headers.get("content-type", "").startswith("application/grpc"):
-                raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, "content-type is not application/grpc")
+                raise CallFailed(Status.INVALID_ARGUMENT, "content-type is not application/grpc")
             time_left = _deadline(call.headers.get("grpc-timeout"))
             request = _message(call.body, self.limit)
             try:
                 reply = await asyncio.wait_for(method(request, time_left), time_left)
             except TimeoutError:
-                raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+                raise CallFailed(Status.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except CallFailed as exc:
             self._fail(stream_id, exc)
         else:
@@ -196,7 +226,7 @@ class _Connection:
 
     def _fail(self, stream_id: int, exc: CallFailed) -> None:
         self._send(stream_id, [(":status", "200"), ("content-type", "application/grpc"),
-                               ("grpc-status", str(exc.code.value[0])),
+                               ("grpc-status", str(int(exc.code))),
                                ("grpc-message", _percent_encoded(exc.message))])
 
     def _send(self, stream_id: int, headers: list[tuple[str, str]], data: bytes | None = None,
@@ -216,3 +246,67 @@ async def serve_unary(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     """Answer the connection's calls until the client closes it (or it idles); ``methods`` by path
     (``/pkg.Service/Method``); a request message over ``limit`` bytes is refused."""
     await _Connection(reader, writer, methods, limit).run()
+
+
+async def call_unary(socket: Path | str, path: str, message: bytes, *, timeout: float,
+                     limit: int = 4 * 1024 * 1024) -> bytes:
+    """One unary call to the gRPC server on the unix ``socket``: the reply message's bytes, or
+    CallFailed with the server's status (UNAVAILABLE when it cannot be reached or hangs up,
+    DEADLINE_EXCEEDED after ``timeout`` seconds, as a gRPC client says them)."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_unix_connection(str(socket))
+            try:
+                return await _exchange(reader, writer, path, message, timeout, limit)
+            finally:
+                writer.close()
+    except TimeoutError:
+        raise CallFailed(Status.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+    except (ConnectionError, FileNotFoundError, h2.exceptions.ProtocolError) as exc:
+        raise CallFailed(Status.UNAVAILABLE, f"{socket}: {exc or type(exc).__name__}") from exc
+
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, message: bytes,
+                    timeout: float, limit: int) -> bytes:
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.encoder = _PlainEncoder()  # seven short headers: Huffman coding them costs more than it saves
+    conn.initiate_connection()
+    stream = conn.get_next_available_stream_id()
+    conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                               (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers"),
+                               ("grpc-timeout", f"{max(1, int(timeout * 1000))}m")])
+    conn.send_data(stream, b"\0" + len(message).to_bytes(4, "big") + message, end_stream=True)
+    writer.write(conn.data_to_send())  # the preface, SETTINGS, HEADERS and DATA in one write
+    headers: dict[str, str] = {}
+    body = bytearray()
+    while True:
+        data = await reader.read(_READ)
+        if not data:
+            raise ConnectionError("the server closed the connection before it answered")
+        ended = False
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                headers.update(event.headers)  # type: ignore[arg-type]
+            elif isinstance(event, h2.events.DataReceived):
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                body += event.data
+                if len(body) > limit + 5:
+                    raise CallFailed(Status.RESOURCE_EXHAUSTED,
+                                     f"Received message larger than max ({len(body) - 5}+ vs. {limit})")
+            elif isinstance(event, h2.events.StreamReset):
+                raise CallFailed(Status.UNAVAILABLE, f"the server reset the call (error {event.error_code})")
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                raise ConnectionError(f"the server ended the connection (error {event.error_code})")
+            elif isinstance(event, h2.events.StreamEnded):
+                ended = True
+        if out := conn.data_to_send():
+            writer.write(out)
+        if ended:
+            break
+    status = headers.get("grpc-status")
+    if status != "0":
+        code = int(status) if status is not None and status.isdigit() else Status.UNKNOWN
+        known = Status(code) if code in Status._value2member_map_ else Status.UNKNOWN
+        raise CallFailed(known, urllib.parse.unquote(headers.get("grpc-message", "")) or
+                         f"no grpc-status in the answer (HTTP {headers.get(':status', '?')})")
+    return _message(body, limit)

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, NamedTuple
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from libs.cgroups import encode_pids, find_container_cgroup, read_pids
@@ -33,7 +32,7 @@ from libs.vcuda import api_pb2 as pb
 from libs.vcuda.config import config_for, encode
 from services.vmanager.configfiles import CONFIG_NAME, PIDS_NAME, has_spare, take_spare, write_container_files
 from services.vmanager.containers import ContainerNames, ContainerRef, ContainerUnknown, WatchdogUnavailable
-from services.vmanager.grpcwire import CallFailed, Unary
+from services.vmanager.grpcwire import CallFailed, Status, Unary
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
 from services.vmanager.peergate import Caller
 
@@ -65,7 +64,7 @@ class RegisterError(CallFailed):
 
 
 def _invalid(message: str) -> RegisterError:
-    return RegisterError(grpc.StatusCode.INVALID_ARGUMENT, message)
+    return RegisterError(Status.INVALID_ARGUMENT, message)
 
 
 class VDeviceRegistrations:
@@ -121,7 +120,7 @@ class VDeviceRegistrations:
             if not is_container_id(req.container_id):
                 raise _invalid(f"container_id {req.container_id[:140]!r} is not a container id")
             if own_id is not None and own_id != req.container_id:
-                raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, (
+                raise RegisterError(Status.PERMISSION_DENIED, (
                     f"caller pid {caller.pid} is container {own_id}; it may not register container "
                     f"{req.container_id}"))
             entry = container_id = req.container_id
@@ -136,13 +135,13 @@ class VDeviceRegistrations:
         alloc = self.allocation_of(pod_uid, name, claim_uid=claim_uid)
         if alloc is None:
             raise RegisterError(
-                grpc.StatusCode.NOT_FOUND, f"no GPU allocation for container {name} of pod {pod_uid}"
+                Status.NOT_FOUND, f"no GPU allocation for container {name} of pod {pod_uid}"
             )
         driver = self.state.inventory.driver_version if self.state.inventory else ""
         try:
             data = encode(config_for(alloc, container_name=name, driver_version=driver))
         except ValueError as exc:
-            raise RegisterError(grpc.StatusCode.INTERNAL, f"cannot encode vcuda.config: {exc}") from exc
+            raise RegisterError(Status.INTERNAL, f"cannot encode vcuda.config: {exc}") from exc
         strict = bool(req.container_id)
         try:
             done = self._write_first(caller, container_id, ref.qos_class, pod_dir, entry, data, strict=strict)
@@ -156,10 +155,10 @@ class VDeviceRegistrations:
             raise _invalid(str(exc)) from exc
         except FileNotFoundError as exc:
             message = f"pod {pod_uid} is no longer served: {exc}"
-            raise RegisterError(grpc.StatusCode.NOT_FOUND, message) from exc
+            raise RegisterError(Status.NOT_FOUND, message) from exc
         except OSError as exc:
             message = f"cannot write vcuda.config for {entry}: {exc}"
-            raise RegisterError(grpc.StatusCode.INTERNAL, message) from exc
+            raise RegisterError(Status.INTERNAL, message) from exc
         return Bound(entry, name, written[CONFIG_NAME], pids, ref.via)
 
     def _write_first(self, caller: Caller, container_id: str | None, qos: str, pod_dir: Path, entry: str,
@@ -197,7 +196,7 @@ class VDeviceRegistrations:
         if pids:
             files[PIDS_NAME] = encode_pids(pids)
         elif strict:
-            raise RegisterError(grpc.StatusCode.FAILED_PRECONDITION, (
+            raise RegisterError(Status.FAILED_PRECONDITION, (
                 f"no processes found for container {container_id} of pod {caller.pod_uid} under "
                 f"{self.cgroup_root} (cgroup v1/v2, cgroupfs/systemd, docker/containerd/CRI-O layouts tried)"))
         else:  # legacy name variant: that library reads /etc/vcuda//pids.config, which nobody writes
@@ -244,9 +243,9 @@ class VDeviceRegistrations:
         try:
             return await self.names.lookup(pod_uid, container_id, patience=patience, runtime_answer=ahead)
         except ContainerUnknown as exc:
-            raise RegisterError(grpc.StatusCode.NOT_FOUND, str(exc)) from exc
+            raise RegisterError(Status.NOT_FOUND, str(exc)) from exc
         except WatchdogUnavailable as exc:
-            raise RegisterError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+            raise RegisterError(Status.UNAVAILABLE, str(exc)) from exc
 
 
 class VcudaMethods:
@@ -265,7 +264,7 @@ class VcudaMethods:
     async def register_vdevice(self, caller: Caller, message: bytes, time_left: float | None) -> bytes:
         try:
             if caller.refusal is not None:
-                raise RegisterError(grpc.StatusCode.PERMISSION_DENIED, caller.refusal)
+                raise RegisterError(Status.PERMISSION_DENIED, caller.refusal)
             try:
                 request = pb.VDeviceRequest.FromString(message)
             except DecodeError as exc:

@@ -7,7 +7,8 @@ with a runtime endpoint configured, one ``ContainerStatus`` answers a registrati
 answer must name the socket's pod. A runtime that is absent, slow or does not know the container
 (another runtime's, no kubelet labels) answers None: the caller falls back to the watchdog.
 
-The CRI stubs are imported only when an endpoint is configured (the vmanager stays small without).
+The call is made with ``h2`` (grpcwire.py), as the vcuda.sock calls are answered: the vmanager loads
+no grpcio. The CRI messages are imported only when an endpoint is configured.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import grpc
+from google.protobuf.message import DecodeError
 
 from libs.logger import get_logger
 from services.vmanager.containers import ContainerRef, ContainerUnknown
+from services.vmanager.grpcwire import CallFailed, call_unary
 
 __all__ = ["CONTAINER_NAME_LABEL", "POD_UID_LABEL", "RUNTIME_TIMEOUT", "RuntimeNames"]
 
@@ -27,23 +29,22 @@ _logger = get_logger("vmanager")
 POD_UID_LABEL = "io.kubernetes.pod.uid"
 CONTAINER_NAME_LABEL = "io.kubernetes.container.name"
 RUNTIME_TIMEOUT = 1.0  # seconds: a local runtime answers in a millisecond; longer means it is stuck
+CONTAINER_STATUS = "/runtime.v1.RuntimeService/ContainerStatus"
 
 
 class RuntimeNames:
     """Asks the runtime at ``socket`` (a unix socket) for a container's labels, ``timeout`` seconds at most."""
 
     def __init__(self, socket: Path, *, timeout: float) -> None:
-        from libs.cri.v1 import api_pb2, api_pb2_grpc
+        from libs.cri.v1 import api_pb2
 
         self.socket = socket
         self.timeout = timeout
         self._pb: Any = api_pb2
-        self._channel = grpc.aio.insecure_channel(f"unix://{socket}")
-        self._stub = api_pb2_grpc.RuntimeServiceStub(self._channel)
         self._answering = True  # warn once when the runtime stops answering, not on every registration
 
     async def close(self) -> None:
-        await self._channel.close()
+        """Nothing held between calls (one connection each)."""
 
     async def lookup(self, pod_uid: str, container_id: str, *, timeout: float | None = None,
                      quiet: bool = False) -> ContainerRef | None:
@@ -51,12 +52,17 @@ class RuntimeNames:
         ContainerUnknown when the runtime says it is another pod's container. ``quiet``: asked ahead
         (namesahead.py), where an id that is no container (a pod sandbox's) is expected: no warning."""
         wait = self.timeout if timeout is None else min(self.timeout, timeout)
+        request = self._pb.ContainerStatusRequest(container_id=container_id).SerializeToString()
         try:
-            reply = await self._stub.ContainerStatus(
-                self._pb.ContainerStatusRequest(container_id=container_id), timeout=max(wait, 0.01))
-        except grpc.aio.AioRpcError as exc:
+            answer = await call_unary(self.socket, CONTAINER_STATUS, request, timeout=max(wait, 0.01))
+            reply = self._pb.ContainerStatusResponse.FromString(answer)
+        except CallFailed as exc:
             if not quiet:
-                self._failed(container_id, f"{exc.code().name}: {exc.details()}")
+                self._failed(container_id, f"{exc.code.name}: {exc.message}")
+            return None
+        except DecodeError as exc:
+            if not quiet:
+                self._failed(container_id, f"the runtime's answer does not parse: {exc}")
             return None
         status = reply.status
         labels = status.labels

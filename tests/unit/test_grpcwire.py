@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services.vmanager import grpcwire
-from services.vmanager.grpcwire import CallFailed, serve_unary
+from services.vmanager.grpcwire import CallFailed, Status, call_unary, serve_unary
 
 ECHO = "/test.Echo/Say"
 SLOW = "/test.Echo/Slow"
@@ -28,7 +28,7 @@ async def _slow(message: bytes, time_left: float | None) -> bytes:
 
 
 async def _refuse(message: bytes, time_left: float | None) -> bytes:
-    raise CallFailed(grpc.StatusCode.PERMISSION_DENIED, "not you: caf\u00e9 100% sure")
+    raise CallFailed(Status.PERMISSION_DENIED, "not you: caf\u00e9 100% sure")
 
 
 @pytest.fixture
@@ -127,15 +127,15 @@ def test_grpc_timeout_values() -> None:
     assert grpcwire._deadline("2M") == 120.0
     with pytest.raises(CallFailed) as err:
         grpcwire._deadline("10 seconds")
-    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.code == Status.INVALID_ARGUMENT
 
 
 def test_framed_messages() -> None:
     assert grpcwire._message(b"\0\0\0\0\3abc", 10) == b"abc"
-    for body, code in ((b"\0\0", grpc.StatusCode.INTERNAL),
-                       (b"\1\0\0\0\1a", grpc.StatusCode.UNIMPLEMENTED),
-                       (b"\0\0\0\0\5abc", grpc.StatusCode.INTERNAL),
-                       (b"\0\0\1\0\0", grpc.StatusCode.RESOURCE_EXHAUSTED)):
+    for body, code in ((b"\0\0", Status.INTERNAL),
+                       (b"\1\0\0\0\1a", Status.UNIMPLEMENTED),
+                       (b"\0\0\0\0\5abc", Status.INTERNAL),
+                       (b"\0\0\1\0\0", Status.RESOURCE_EXHAUSTED)):
         with pytest.raises(CallFailed) as err:
             grpcwire._message(body, 10)
         assert err.value.code == code, body
@@ -144,3 +144,87 @@ def test_framed_messages() -> None:
 def test_percent_encoded_messages() -> None:
     assert grpcwire._percent_encoded("plain text") == "plain text"
     assert grpcwire._percent_encoded("100%\n\u00e9") == "100%25%0A%C3%A9"
+
+
+def test_our_status_codes_are_grpcs() -> None:
+    assert {c.name: int(c) for c in Status} == {c.name: c.value[0] for c in grpc.StatusCode}
+
+
+# --- call_unary: the same exchange from the client's side (the vmanager asking the container runtime) ---
+
+@pytest.fixture
+async def grpcio_server(tmp_path: Path) -> AsyncIterator[Path]:
+    """A grpcio server (as containerd's is a real gRPC server): echo, refuse, slow, a large answer."""
+    path = tmp_path / "g.sock"
+
+    async def say(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b"you said " + request
+
+    async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await context.abort(grpc.StatusCode.NOT_FOUND, "no container caf\u00e9 100%")
+        raise AssertionError
+
+    async def slow(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await asyncio.sleep(10)
+        return b""
+
+    async def large(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b"x" * 5000
+
+    methods = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in
+               (("Say", say), ("Refuse", refuse), ("Slow", slow), ("Large", large))}
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", methods),))
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    yield path
+    await server.stop(0)
+
+
+async def test_call_unary_gets_a_grpcio_servers_answer(grpcio_server: Path) -> None:
+    assert await call_unary(grpcio_server, ECHO, b"hi", timeout=5) == b"you said hi"
+    assert await call_unary(grpcio_server, ECHO, b"", timeout=5) == b"you said "
+    answers = await asyncio.gather(*(call_unary(grpcio_server, ECHO, str(i).encode(), timeout=5) for i in range(10)))
+    assert answers == [f"you said {i}".encode() for i in range(10)]
+
+
+async def test_call_unary_raises_the_servers_status_and_message(grpcio_server: Path) -> None:
+    with pytest.raises(CallFailed) as err:
+        await call_unary(grpcio_server, REFUSE, b"x", timeout=5)
+    assert (err.value.code, err.value.message) == (Status.NOT_FOUND, "no container caf\u00e9 100%")
+    with pytest.raises(CallFailed) as err:
+        await call_unary(grpcio_server, "/test.Echo/Nope", b"x", timeout=5)
+    assert err.value.code == Status.UNIMPLEMENTED
+
+
+async def test_call_unary_is_bounded_by_its_timeout_and_its_limit(grpcio_server: Path) -> None:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(CallFailed) as err:
+        await call_unary(grpcio_server, SLOW, b"", timeout=0.3)
+    assert err.value.code == Status.DEADLINE_EXCEEDED
+    assert loop.time() - began < 2
+    with pytest.raises(CallFailed) as err:
+        await call_unary(grpcio_server, "/test.Echo/Large", b"", timeout=5, limit=1000)
+    assert err.value.code == Status.RESOURCE_EXHAUSTED
+    assert len(await call_unary(grpcio_server, "/test.Echo/Large", b"", timeout=5)) == 5000
+
+
+async def test_call_unary_to_no_server_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(CallFailed) as err:
+        await call_unary(tmp_path / "none.sock", ECHO, b"x", timeout=5)
+    assert err.value.code == Status.UNAVAILABLE and "none.sock" in err.value.message
+    stale = tmp_path / "stale.sock"
+    import socket
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(stale))  # a socket file nobody listens on
+    with pytest.raises(CallFailed) as err:
+        await call_unary(stale, ECHO, b"x", timeout=5)
+    assert err.value.code == Status.UNAVAILABLE
+
+
+async def test_call_unary_against_our_own_server(served: Path) -> None:
+    assert await call_unary(served, ECHO, b"hi", timeout=5) == b"you said hi"
+    with pytest.raises(CallFailed) as err:
+        await call_unary(served, REFUSE, b"x", timeout=5)
+    assert (err.value.code, err.value.message) == (Status.PERMISSION_DENIED, "not you: caf\u00e9 100% sure")

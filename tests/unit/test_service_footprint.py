@@ -23,7 +23,8 @@ RULES = {
     # does not import them (libs/config.py), a --config file is read only when given (gpuledger/options.py),
     # and placement's topology tokens do not load the backends (libs/gpu/__init__.py loads names on use)
     "services.registrar.app": (*EVERY_SERVICE, "lightkube", *GPU_BACKENDS, "yaml"),
-    "services.vmanager.app": (*EVERY_SERVICE, "lightkube", *GPU_BACKENDS, "yaml"),
+    # nor grpcio: vcuda.sock is answered and the container runtime asked with h2 (grpcwire.py)
+    "services.vmanager.app": (*EVERY_SERVICE, "lightkube", *GPU_BACKENDS, "yaml", "grpc"),
     "services.watchdog.app": EVERY_SERVICE,
     "services.allocator.app": EVERY_SERVICE,
     # `gpuledger run` starts a service without the rest of the CLI
@@ -39,6 +40,16 @@ def test_a_service_does_not_import_what_it_does_not_use(module: str) -> None:
             f"print(' '.join(m for m in {RULES[module]!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == [], f"{module} imports {out.stdout.strip()}"
+
+
+def test_a_vmanager_that_asks_the_container_runtime_loads_no_grpcio() -> None:
+    # deploy/ gives the vmanager containerd's socket: its runtime client is made at start
+    code = ("import sys, services.vmanager.app\n"
+            "from services.vmanager.runtimenames import RuntimeNames\n"
+            "RuntimeNames('/run/containerd/containerd.sock', timeout=1.0)\n"
+            "print('grpc' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False"]
 
 
 def test_creating_a_log_loads_no_sqlalchemy(tmp_path: Path) -> None:
