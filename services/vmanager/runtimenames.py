@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from libs.logger import get_logger
 from services.vmanager.containers import ContainerRef, ContainerUnknown
-from services.vmanager.grpcwire import CallFailed, call_unary
+from services.vmanager.grpcwire import CallFailed, UnaryChannel
 
 __all__ = ["CONTAINER_NAME_LABEL", "POD_UID_LABEL", "RUNTIME_TIMEOUT", "RuntimeNames"]
 
@@ -41,10 +41,11 @@ class RuntimeNames:
         self.socket = socket
         self.timeout = timeout
         self._pb: Any = api_pb2
+        self._channel = UnaryChannel(socket)  # dialled at the first call
         self._answering = True  # warn once when the runtime stops answering, not on every registration
 
     async def close(self) -> None:
-        """Nothing held between calls (one connection each)."""
+        await self._channel.close()
 
     async def lookup(self, pod_uid: str, container_id: str, *, timeout: float | None = None,
                      quiet: bool = False) -> ContainerRef | None:
@@ -54,7 +55,7 @@ class RuntimeNames:
         wait = self.timeout if timeout is None else min(self.timeout, timeout)
         request = self._pb.ContainerStatusRequest(container_id=container_id).SerializeToString()
         try:
-            answer = await call_unary(self.socket, CONTAINER_STATUS, request, timeout=max(wait, 0.01))
+            answer = await self._channel.call(CONTAINER_STATUS, request, timeout=max(wait, 0.01))
             reply = self._pb.ContainerStatusResponse.FromString(answer)
         except CallFailed as exc:
             if not quiet:

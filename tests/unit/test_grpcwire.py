@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services.vmanager import grpcwire
-from services.vmanager.grpcwire import CallFailed, Status, call_unary, serve_unary
+from services.vmanager.grpcwire import CallFailed, Status, UnaryChannel, serve_unary
 
 ECHO = "/test.Echo/Say"
 SLOW = "/test.Echo/Slow"
@@ -150,7 +150,7 @@ def test_our_status_codes_are_grpcs() -> None:
     assert {c.name: int(c) for c in Status} == {c.name: c.value[0] for c in grpc.StatusCode}
 
 
-# --- call_unary: the same exchange from the client's side (the vmanager asking the container runtime) ---
+# --- UnaryChannel: the same exchange from the client's side (the vmanager asking the container runtime) ---
 
 @pytest.fixture
 async def grpcio_server(tmp_path: Path) -> AsyncIterator[Path]:
@@ -181,50 +181,111 @@ async def grpcio_server(tmp_path: Path) -> AsyncIterator[Path]:
     await server.stop(0)
 
 
-async def test_call_unary_gets_a_grpcio_servers_answer(grpcio_server: Path) -> None:
-    assert await call_unary(grpcio_server, ECHO, b"hi", timeout=5) == b"you said hi"
-    assert await call_unary(grpcio_server, ECHO, b"", timeout=5) == b"you said "
-    answers = await asyncio.gather(*(call_unary(grpcio_server, ECHO, str(i).encode(), timeout=5) for i in range(10)))
+@pytest.fixture
+async def channel(grpcio_server: Path) -> AsyncIterator[UnaryChannel]:
+    ch = UnaryChannel(grpcio_server)
+    yield ch
+    await ch.close()
+
+
+async def test_a_channel_gets_a_grpcio_servers_answers_on_one_connection(channel: UnaryChannel) -> None:
+    assert await channel.call(ECHO, b"hi", timeout=5) == b"you said hi"
+    first = channel._conn
+    assert await channel.call(ECHO, b"", timeout=5) == b"you said "
+    answers = await asyncio.gather(*(channel.call(ECHO, str(i).encode(), timeout=5) for i in range(10)))
     assert answers == [f"you said {i}".encode() for i in range(10)]
+    assert channel._conn is first and first is not None and first.open  # kept, and the calls shared it
 
 
-async def test_call_unary_raises_the_servers_status_and_message(grpcio_server: Path) -> None:
+async def test_a_channel_raises_the_servers_status_and_message(channel: UnaryChannel) -> None:
     with pytest.raises(CallFailed) as err:
-        await call_unary(grpcio_server, REFUSE, b"x", timeout=5)
+        await channel.call(REFUSE, b"x", timeout=5)
     assert (err.value.code, err.value.message) == (Status.NOT_FOUND, "no container caf\u00e9 100%")
     with pytest.raises(CallFailed) as err:
-        await call_unary(grpcio_server, "/test.Echo/Nope", b"x", timeout=5)
+        await channel.call("/test.Echo/Nope", b"x", timeout=5)
     assert err.value.code == Status.UNIMPLEMENTED
+    assert await channel.call(ECHO, b"after", timeout=5) == b"you said after"
 
 
-async def test_call_unary_is_bounded_by_its_timeout_and_its_limit(grpcio_server: Path) -> None:
-    loop = asyncio.get_running_loop()
-    began = loop.time()
+async def test_a_channel_call_is_bounded_by_its_timeout_and_its_limit(grpcio_server: Path) -> None:
+    channel = UnaryChannel(grpcio_server, limit=1000)
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(CallFailed) as err:
+            await channel.call(SLOW, b"", timeout=0.3)
+        assert err.value.code == Status.DEADLINE_EXCEEDED
+        assert loop.time() - began < 2
+        assert await channel.call(ECHO, b"still", timeout=5) == b"you said still"  # the connection lives on
+        with pytest.raises(CallFailed) as err:
+            await channel.call("/test.Echo/Large", b"", timeout=5)
+        assert err.value.code == Status.RESOURCE_EXHAUSTED
+        assert await channel.call(ECHO, b"again", timeout=5) == b"you said again"
+    finally:
+        await channel.close()
+    big = UnaryChannel(grpcio_server)
+    try:
+        assert len(await big.call("/test.Echo/Large", b"", timeout=5)) == 5000
+    finally:
+        await big.close()
+
+
+async def test_a_channel_to_no_server_is_unavailable(tmp_path: Path) -> None:
+    channel = UnaryChannel(tmp_path / "none.sock")
     with pytest.raises(CallFailed) as err:
-        await call_unary(grpcio_server, SLOW, b"", timeout=0.3)
-    assert err.value.code == Status.DEADLINE_EXCEEDED
-    assert loop.time() - began < 2
-    with pytest.raises(CallFailed) as err:
-        await call_unary(grpcio_server, "/test.Echo/Large", b"", timeout=5, limit=1000)
-    assert err.value.code == Status.RESOURCE_EXHAUSTED
-    assert len(await call_unary(grpcio_server, "/test.Echo/Large", b"", timeout=5)) == 5000
-
-
-async def test_call_unary_to_no_server_is_unavailable(tmp_path: Path) -> None:
-    with pytest.raises(CallFailed) as err:
-        await call_unary(tmp_path / "none.sock", ECHO, b"x", timeout=5)
+        await channel.call(ECHO, b"x", timeout=5)
     assert err.value.code == Status.UNAVAILABLE and "none.sock" in err.value.message
     stale = tmp_path / "stale.sock"
     import socket
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(stale))  # a socket file nobody listens on
     with pytest.raises(CallFailed) as err:
-        await call_unary(stale, ECHO, b"x", timeout=5)
+        await UnaryChannel(stale).call(ECHO, b"x", timeout=5)
     assert err.value.code == Status.UNAVAILABLE
+    await channel.close()
 
 
-async def test_call_unary_against_our_own_server(served: Path) -> None:
-    assert await call_unary(served, ECHO, b"hi", timeout=5) == b"you said hi"
-    with pytest.raises(CallFailed) as err:
-        await call_unary(served, REFUSE, b"x", timeout=5)
-    assert (err.value.code, err.value.message) == (Status.PERMISSION_DENIED, "not you: caf\u00e9 100% sure")
+async def test_a_channel_dials_again_after_the_server_restarted(tmp_path: Path) -> None:
+    path = tmp_path / "r.sock"
+    accepted: list[asyncio.StreamWriter] = []
+    served: list[asyncio.Task[None]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        served.append(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await serve_unary(reader, writer, {ECHO: _say, SLOW: _slow}, limit=1024)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            writer.close()
+
+    async def start() -> asyncio.Server:
+        return await asyncio.start_unix_server(serve, path=str(path))
+
+    async def stop(server: asyncio.Server) -> None:
+        server.close()
+        for task in served:
+            task.cancel()
+        await asyncio.gather(*served, return_exceptions=True)
+        await server.wait_closed()
+
+    channel = UnaryChannel(path)
+    server = await start()
+    try:
+        assert await channel.call(ECHO, b"1", timeout=5) == b"you said 1"
+        assert await channel.call(ECHO, b"2", timeout=5) == b"you said 2"
+        assert len(accepted) == 1
+        # the server goes away with a call under way: that call fails, as a gRPC client's would
+        pending = asyncio.ensure_future(channel.call(SLOW, b"", timeout=5))
+        await asyncio.sleep(0.1)
+        await stop(server)
+        with pytest.raises(CallFailed) as err:
+            await pending
+        assert err.value.code == Status.UNAVAILABLE
+        server = await start()
+        assert await channel.call(ECHO, b"3", timeout=5) == b"you said 3"  # dialled afresh
+        assert len(accepted) == 2
+    finally:
+        await channel.close()
+        await stop(server)
