@@ -301,15 +301,19 @@ class _ClientConnection:
         self._reading = asyncio.ensure_future(self._read(reader))
 
     async def call(self, path: str, message: bytes, timeout: float, limit: int) -> bytes:
-        stream = self.h2.get_next_available_stream_id()
         answer = _Answer(asyncio.get_running_loop().create_future(), limit)
-        self._answers[stream] = answer
         try:
+            stream = self.h2.get_next_available_stream_id()
             self.h2.send_headers(stream, [
                 (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
                 ("content-type", "application/grpc"), ("te", "trailers"),
                 ("grpc-timeout", f"{max(1, int(timeout * 1000))}m")])
             self.h2.send_data(stream, b"\0" + len(message).to_bytes(4, "big") + message, end_stream=True)
+        except h2.exceptions.H2Error:
+            self.open = False  # no more calls on this connection (stream ids spent, say): the next dials again
+            raise
+        self._answers[stream] = answer
+        try:
             self._flush()  # on a new connection, the preface and SETTINGS go in the same write
             return await answer.future
         except asyncio.CancelledError:  # timed out: the server may stop working on it
