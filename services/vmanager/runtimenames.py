@@ -7,7 +7,7 @@ with a runtime endpoint configured, one ``ContainerStatus`` answers a registrati
 answer must name the socket's pod. A runtime that is absent, slow or does not know the container
 (another runtime's, no kubelet labels) answers None: the caller falls back to the watchdog.
 
-The call is made with ``h2`` (grpcwire.py), as the vcuda.sock calls are answered: the vmanager loads
+The call is made with ``h2`` (grpcchannel.py), as the vcuda.sock calls are answered: the vmanager loads
 no grpcio. The CRI messages are imported only when an endpoint is configured.
 """
 
@@ -20,7 +20,8 @@ from google.protobuf.message import DecodeError
 
 from libs.logger import get_logger
 from services.vmanager.containers import ContainerRef, ContainerUnknown
-from services.vmanager.grpcwire import CallFailed, UnaryChannel
+from services.vmanager.grpcchannel import UnaryChannel
+from services.vmanager.grpcwire import CallFailed
 
 __all__ = ["CONTAINER_NAME_LABEL", "POD_UID_LABEL", "RUNTIME_TIMEOUT", "RuntimeNames"]
 

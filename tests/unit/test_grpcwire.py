@@ -11,7 +11,8 @@ import grpc
 import pytest
 
 from services.vmanager import grpcwire
-from services.vmanager.grpcwire import CallFailed, Status, UnaryChannel, serve_unary
+from services.vmanager.grpcchannel import UnaryChannel
+from services.vmanager.grpcwire import CallFailed, Status, serve_unary
 
 ECHO = "/test.Echo/Say"
 SLOW = "/test.Echo/Slow"
@@ -131,13 +132,13 @@ def test_grpc_timeout_values() -> None:
 
 
 def test_framed_messages() -> None:
-    assert grpcwire._message(b"\0\0\0\0\3abc", 10) == b"abc"
+    assert grpcwire.message_of(b"\0\0\0\0\3abc", 10) == b"abc"
     for body, code in ((b"\0\0", Status.INTERNAL),
                        (b"\1\0\0\0\1a", Status.UNIMPLEMENTED),
                        (b"\0\0\0\0\5abc", Status.INTERNAL),
                        (b"\0\0\1\0\0", Status.RESOURCE_EXHAUSTED)):
         with pytest.raises(CallFailed) as err:
-            grpcwire._message(body, 10)
+            grpcwire.message_of(body, 10)
         assert err.value.code == code, body
 
 
