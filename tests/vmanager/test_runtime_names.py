@@ -145,3 +145,26 @@ def test_a_relative_runtime_endpoint_is_refused() -> None:
     with pytest.raises(Exception, match="container_runtime_endpoint must be an absolute socket path"):
         Settings(container_runtime_endpoint="run/containerd.sock")
     assert Settings(container_runtime_endpoint="unix:///run/c.sock").runtime_socket == Path("/run/c.sock")
+
+
+async def test_an_answer_that_does_not_parse_names_nothing(tmp_path: Path) -> None:
+    """A runtime whose ContainerStatus answer is not a ContainerStatusResponse: no name (the caller
+    falls back to the watchdog), and the lookup itself does not fail."""
+    from services.vmanager.runtimenames import RuntimeNames
+
+    async def garbage(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b"\xff\xff\xff"
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "runtime.v1.RuntimeService", {"ContainerStatus": grpc.unary_unary_rpc_method_handler(garbage)}),))
+    socket = tmp_path / "garbage.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    names = RuntimeNames(socket, timeout=1.0)
+    try:
+        assert await names.lookup(new_pod_uid(), new_container_id()) is None
+        assert await names.lookup(new_pod_uid(), new_container_id(), quiet=True) is None
+    finally:
+        await names.close()
+        await server.stop(0)
