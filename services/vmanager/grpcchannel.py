@@ -18,7 +18,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 
-from services.vmanager.grpcwire import READ_SIZE, CallFailed, PlainEncoder, Status, message_of
+from services.vmanager.grpcwire import READ_SIZE, CallFailed, PlainEncoder, Status, framed, message_of, overflowing
 
 __all__ = ["UnaryChannel"]
 
@@ -81,7 +81,7 @@ class _ClientConnection:
                 (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
                 ("content-type", "application/grpc"), ("te", "trailers"),
                 ("grpc-timeout", f"{max(1, int(timeout * 1000))}m")])
-            self.h2.send_data(stream, b"\0" + len(message).to_bytes(4, "big") + message, end_stream=True)
+            self.h2.send_data(stream, framed(message), end_stream=True)
         except h2.exceptions.H2Error:
             self.open = False  # no more calls on this connection (stream ids spent, say): the next dials again
             raise
@@ -90,7 +90,7 @@ class _ClientConnection:
             self._flush()  # on a new connection, the preface and SETTINGS go in the same write
             return await answer.future
         except asyncio.CancelledError:  # timed out: the server may stop working on it
-            if self.open and stream in self._answers:
+            if self.open:
                 with contextlib.suppress(h2.exceptions.H2Error):
                     self.h2.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
                     self._flush()
@@ -130,10 +130,8 @@ class _ClientConnection:
         elif isinstance(event, h2.events.DataReceived):
             self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             answer.body += event.data
-            if len(answer.body) > answer.limit + 5:
-                answer.future.set_exception(CallFailed(
-                    Status.RESOURCE_EXHAUSTED, f"Received message larger than max ({len(answer.body) - 5}+ vs. "
-                                               f"{answer.limit})"))
+            if refusal := overflowing(answer.body, answer.limit):
+                answer.future.set_exception(refusal)
                 with contextlib.suppress(h2.exceptions.H2Error):
                     self.h2.reset_stream(event.stream_id, h2.errors.ErrorCodes.CANCEL)
         elif isinstance(event, h2.events.StreamReset):
@@ -162,13 +160,19 @@ class _Answer:
         """The stream has ended: its message, or its status as CallFailed."""
         status = self.headers.get("grpc-status")
         if status != "0":
-            code = int(status) if status is not None and status.isdigit() else Status.UNKNOWN
-            known = Status(code) if code in Status._value2member_map_ else Status.UNKNOWN
             message = urllib.parse.unquote(self.headers.get("grpc-message", ""))
             self.future.set_exception(CallFailed(
-                known, message or f"no grpc-status in the answer (HTTP {self.headers.get(':status', '?')})"))
+                _status(status), message or f"no grpc-status in the answer (HTTP {self.headers.get(':status', '?')})"))
             return
         try:
             self.future.set_result(message_of(self.body, self.limit))
         except CallFailed as exc:
             self.future.set_exception(exc)
+
+
+def _status(value: str | None) -> Status:
+    """A ``grpc-status`` header's code; UNKNOWN when it is missing or no code gRPC has."""
+    try:
+        return Status(int(value or ""))
+    except ValueError:
+        return Status.UNKNOWN

@@ -30,7 +30,8 @@ import h2.events
 import h2.exceptions
 import hpack
 
-__all__ = ["IDLE_CLOSE_S", "READ_SIZE", "CallFailed", "PlainEncoder", "Status", "Unary", "message_of", "serve_unary"]
+__all__ = ["IDLE_CLOSE_S", "READ_SIZE", "CallFailed", "PlainEncoder", "Status", "Unary", "framed", "message_of",
+           "overflowing", "serve_unary"]
 
 # A method: the request message's bytes and the caller's time left (None: no deadline) -> the reply's.
 Unary = Callable[[bytes, "float | None"], Awaitable[bytes]]
@@ -101,6 +102,18 @@ def _deadline(value: str | None) -> float | None:
     if match is None:
         raise CallFailed(Status.INVALID_ARGUMENT, f"malformed grpc-timeout {value[:32]!r}")
     return int(match.group(1)) * _TIMEOUT_UNITS[match.group(2)]
+
+
+def framed(message: bytes) -> bytes:
+    """``message`` as gRPC puts it in DATA: not compressed, its length, itself."""
+    return b"\0" + len(message).to_bytes(4, "big") + message
+
+
+def overflowing(body: bytes | bytearray, limit: int) -> CallFailed | None:
+    """The refusal of a message still arriving once ``body`` holds more than ``limit`` bytes of it."""
+    if len(body) <= limit + 5:
+        return None
+    return CallFailed(Status.RESOURCE_EXHAUSTED, f"Received message larger than max ({len(body) - 5}+ vs. {limit})")
 
 
 def message_of(body: bytes, limit: int) -> bytes:
@@ -175,11 +188,9 @@ class _Connection:
             call = self.calls.get(event.stream_id)
             if call is not None and not call.refused:
                 call.body += event.data
-                if len(call.body) > self.limit + 5:
+                if refusal := overflowing(call.body, self.limit):
                     call.refused = True
-                    self._fail(event.stream_id, CallFailed(
-                        Status.RESOURCE_EXHAUSTED,
-                        f"Received message larger than max ({len(call.body) - 5}+ vs. {self.limit})"))
+                    self._fail(event.stream_id, refusal)
                     with contextlib.suppress(h2.exceptions.ProtocolError):
                         self.h2.reset_stream(event.stream_id, h2.errors.ErrorCodes.NO_ERROR)
         elif isinstance(event, h2.events.StreamEnded):
@@ -215,7 +226,7 @@ class _Connection:
             self._fail(stream_id, exc)
         else:
             self._send(stream_id, [(":status", "200"), ("content-type", "application/grpc")],
-                       b"\0" + len(reply).to_bytes(4, "big") + reply, [("grpc-status", "0")])
+                       framed(reply), [("grpc-status", "0")])
         self.flush()
 
     def _fail(self, stream_id: int, exc: CallFailed) -> None:
