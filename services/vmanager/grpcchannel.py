@@ -105,7 +105,7 @@ class _ClientConnection:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         lost: BaseException = ConnectionError("the server closed the connection")
         try:
-            while data := await reader.read(READ_SIZE):  # after a GOAWAY too: calls under way may still end
+            while data := await reader.read(READ_SIZE):
                 for event in self.h2.receive_data(data):
                     self._handle(event)
                 self._flush()
@@ -121,7 +121,9 @@ class _ClientConnection:
     def _handle(self, event: h2.events.Event) -> None:
         answer = self._answers.get(getattr(event, "stream_id", 0) or 0)
         if isinstance(event, h2.events.ConnectionTerminated):
-            self.open = False  # a GOAWAY: no new calls here (the next dials again)
+            # A GOAWAY: the next call dials again. h2 has closed its side: a frame that still comes
+            # for a call under way ends the connection, and that call, as UNAVAILABLE.
+            self.open = False
         elif answer is None or answer.future.done():
             if isinstance(event, h2.events.DataReceived):
                 self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)

@@ -290,3 +290,60 @@ async def test_a_channel_dials_again_after_the_server_restarted(tmp_path: Path) 
     finally:
         await channel.close()
         await stop(server)
+
+
+async def test_after_a_goaway_the_next_call_dials_afresh(tmp_path: Path) -> None:
+    """After a GOAWAY the channel dials afresh for the next call. A call still under way on the old
+    connection ends as UNAVAILABLE: h2 closes its side of a connection at a GOAWAY and takes no
+    answer after it, even one the server still sends (the caller falls back, as for any failure)."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    from hyperframe.frame import GoAwayFrame
+
+    path = tmp_path / "goaway.sock"
+    first_call = asyncio.Event()
+    answer_it = asyncio.Event()
+    served: list[asyncio.Task[None]] = []
+
+    async def server_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(asyncio.current_task())  # type: ignore[arg-type]
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        first = len(served) == 1
+        try:
+            while data := await reader.read(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamEnded):
+                        if first:  # hold the call, say GOAWAY, answer once told to
+                            writer.write(conn.data_to_send())
+                            # written as a frame: h2's own GOAWAY would end its side, and answer nothing more
+                            writer.write(GoAwayFrame(0, last_stream_id=event.stream_id).serialize())
+                            first_call.set()
+                            await answer_it.wait()
+                        conn.send_headers(event.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
+                        conn.send_data(event.stream_id, grpcwire.framed(b"old" if first else b"new"))
+                        conn.send_headers(event.stream_id, [("grpc-status", "0")], end_stream=True)
+                writer.write(conn.data_to_send())
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(server_side, path=str(path))
+    channel = UnaryChannel(path)
+    try:
+        held = asyncio.ensure_future(channel.call(ECHO, b"", timeout=5))
+        await asyncio.wait_for(first_call.wait(), 5)
+        await asyncio.sleep(0.05)  # the GOAWAY reaches the channel
+        assert await channel.call(ECHO, b"", timeout=5) == b"new"  # on a new connection
+        answer_it.set()
+        with pytest.raises(CallFailed) as err:
+            await held
+        assert err.value.code == Status.UNAVAILABLE
+    finally:
+        await channel.close()
+        server.close()
+        for task in served:
+            task.cancel()
+        await asyncio.gather(*served, return_exceptions=True)
+        await server.wait_closed()
