@@ -32,27 +32,44 @@ async def _refuse(message: bytes, time_left: float | None) -> bytes:
     raise CallFailed(Status.PERMISSION_DENIED, "not you: caf\u00e9 100% sure")
 
 
-@pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[Path]:
-    path = tmp_path / "s.sock"
-    connections: list[asyncio.Task[None]] = []
+class _Served:
+    """serve_unary on a unix socket with the test methods, started and stopped as often as asked;
+    ``accepted`` counts the connections it took."""
 
-    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(asyncio.current_task())  # type: ignore[arg-type]
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.accepted = 0
+        self._connections: list[asyncio.Task[None]] = []
+        self._server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        self._connections.append(asyncio.current_task())  # type: ignore[arg-type]
         try:
             await serve_unary(reader, writer, {ECHO: _say, SLOW: _slow, REFUSE: _refuse}, limit=1024)
         except asyncio.CancelledError:
-            pass  # the fixture's teardown
+            pass  # stopped
         finally:
             writer.close()
 
-    server = await asyncio.start_unix_server(accepted, path=str(path))
-    yield path
-    server.close()
-    for task in connections:
-        task.cancel()
-    await asyncio.gather(*connections, return_exceptions=True)
-    await server.wait_closed()
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._connections:
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await self._server.wait_closed()
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Path]:
+    server = _Served(tmp_path / "s.sock")
+    await server.start()
+    yield server.path
+    await server.stop()
 
 
 def call(channel: grpc.aio.Channel, path: str) -> grpc.aio.UnaryUnaryMultiCallable:
@@ -247,49 +264,26 @@ async def test_a_channel_to_no_server_is_unavailable(tmp_path: Path) -> None:
 
 
 async def test_a_channel_dials_again_after_the_server_restarted(tmp_path: Path) -> None:
-    path = tmp_path / "r.sock"
-    accepted: list[asyncio.StreamWriter] = []
-    served: list[asyncio.Task[None]] = []
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(writer)
-        served.append(asyncio.current_task())  # type: ignore[arg-type]
-        try:
-            await serve_unary(reader, writer, {ECHO: _say, SLOW: _slow}, limit=1024)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            writer.close()
-
-    async def start() -> asyncio.Server:
-        return await asyncio.start_unix_server(serve, path=str(path))
-
-    async def stop(server: asyncio.Server) -> None:
-        server.close()
-        for task in served:
-            task.cancel()
-        await asyncio.gather(*served, return_exceptions=True)
-        await server.wait_closed()
-
-    channel = UnaryChannel(path)
-    server = await start()
+    server = _Served(tmp_path / "r.sock")
+    channel = UnaryChannel(server.path)
+    await server.start()
     try:
         assert await channel.call(ECHO, b"1", timeout=5) == b"you said 1"
         assert await channel.call(ECHO, b"2", timeout=5) == b"you said 2"
-        assert len(accepted) == 1
+        assert server.accepted == 1
         # the server goes away with a call under way: that call fails, as a gRPC client's would
         pending = asyncio.ensure_future(channel.call(SLOW, b"", timeout=5))
         await asyncio.sleep(0.1)
-        await stop(server)
+        await server.stop()
         with pytest.raises(CallFailed) as err:
             await pending
         assert err.value.code == Status.UNAVAILABLE
-        server = await start()
+        await server.start()
         assert await channel.call(ECHO, b"3", timeout=5) == b"you said 3"  # dialled afresh
-        assert len(accepted) == 2
+        assert server.accepted == 2
     finally:
         await channel.close()
-        await stop(server)
+        await server.stop()
 
 
 async def test_after_a_goaway_the_next_call_dials_afresh(tmp_path: Path) -> None:
