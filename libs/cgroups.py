@@ -103,28 +103,30 @@ def container_cgroup_paths(pod_uid: str, container_id: str, qos: str | None = No
 
 def hierarchy_roots(cgroup_root: Path) -> list[Path]:
     """The hierarchies to look in: the unified one (v2, hybrid) and the v1 ones that exist."""
-    if (cgroup_root / "cgroup.controllers").is_file():
+    # os.path, not pathlib: a registration asks this, and six pathlib stats cost it 50 us.
+    root = os.fspath(cgroup_root)
+    if os.path.isfile(os.path.join(root, "cgroup.controllers")):
         return [cgroup_root]
-    candidates = [cgroup_root / "unified", *(cgroup_root / h for h in V1_HIERARCHIES)]
-    return [c for c in candidates if c.is_dir()]
+    return [cgroup_root / name for name in ("unified", *V1_HIERARCHIES) if os.path.isdir(os.path.join(root, name))]
 
 
 def find_container_cgroup(
     cgroup_root: Path, pod_uid: str, container_id: str, qos: str | None = None,
     likely: Iterable[PurePosixPath] = (),
 ) -> Path | None:
-    """The container's cgroup directory in the first hierarchy that has one. ``likely`` paths are
-    tried before the layouts' formulas: where the registering process lives, which is its
-    container's cgroup when the cgroup's name is the container's, found with one look instead of
-    one per layout and QoS class (and found too in layouts no formula knows)."""
-    candidates = [*likely, *container_cgroup_paths(pod_uid, container_id, qos)]
-    for hierarchy in hierarchy_roots(cgroup_root):
-        for rel in candidates:
-            if rel.is_absolute() or ".." in rel.parts:
-                continue
-            path = hierarchy / rel
-            if (path / "cgroup.procs").is_file():
-                return path
+    """The container's cgroup directory. ``likely`` paths are tried first, in every hierarchy: where
+    the registering process lives, which is its container's cgroup when the cgroup's name is the
+    container's, found with one look instead of one per layout and QoS class (and found too in
+    layouts no formula knows). Then the layouts' formulas, in the first hierarchy that has one; they
+    are only spelled out when needed (twenty paths: most of a registration's lookup)."""
+    hierarchies = hierarchy_roots(cgroup_root)
+    likely = [rel for rel in likely if not rel.is_absolute() and ".." not in rel.parts]
+    for candidates in (likely, None):
+        for hierarchy in hierarchies:
+            for rel in candidates if candidates is not None else container_cgroup_paths(pod_uid, container_id, qos):
+                path = os.path.join(hierarchy, rel)
+                if os.path.isfile(os.path.join(path, "cgroup.procs")):
+                    return Path(path)
     return None
 
 
@@ -207,8 +209,11 @@ def owner_of_process(proc_root: Path, pid: int) -> CgroupOwner:
     hierarchies disagree is refused (AmbiguousCgroup). No pod at all: ``pod_uid`` is None.
     FileNotFoundError when the process does not exist (any more).
     """
-    text = (proc_root / str(pid) / "cgroup").read_text()
-    owners = [owner_of_path(path) for _h, _c, path in parse_proc_cgroup(text)]
+    with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8") as f:
+        lines = parse_proc_cgroup(f.read())
+    # cgroup v1 gives one line per hierarchy, mostly with the same path: each path is parsed once.
+    by_path: dict[str, CgroupOwner] = {}
+    owners = [by_path.get(path) or by_path.setdefault(path, owner_of_path(path)) for _h, _c, path in lines]
     pods = {o.pod_uid for o in owners if o.pod_uid}
     if len(pods) > 1:
         raise AmbiguousCgroup(f"process {pid} is in cgroups of several pods: {sorted(pods)}")
@@ -219,6 +224,6 @@ def owner_of_process(proc_root: Path, pid: int) -> CgroupOwner:
     if len(containers) > 1:
         raise AmbiguousCgroup(f"process {pid} is in cgroups of several containers: {sorted(containers)}")
     # Prefer the unified (v2) line, else v1 memory, for the path a caller is reported at.
-    best = next((o for (h, c, _p), o in zip(parse_proc_cgroup(text), owners, strict=True)
+    best = next((o for (h, c, _p), o in zip(lines, owners, strict=True)
                  if o.pod_uid and (h == "0" or "memory" in c.split(","))), named[0])
     return CgroupOwner(pod_uid=next(iter(pods)), container_id=next(iter(containers), None), path=best.path)

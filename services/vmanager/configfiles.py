@@ -30,12 +30,18 @@ CONFIG_NAME = "vcuda.config"
 PIDS_NAME = "pids.config"
 
 
-def container_dir(pod_dir: Path, entry: str) -> Path:
-    """``<pod_dir>/<entry>``, refused unless it is (and resolves to) a direct child of ``pod_dir``."""
+def _child(pod_dir: Path, entry: str) -> Path:
+    """``<pod_dir>/<entry>``, refused unless ``entry`` is a plain name."""
     target = pod_dir / entry
     # Defence in depth: callers validated ``entry`` already; re-check the path they would write to.
     if target.name != entry or target.parent != pod_dir or entry in ("", ".", ".."):
         raise ValueError(f"{entry!r} is not a plain directory name")
+    return target
+
+
+def container_dir(pod_dir: Path, entry: str) -> Path:
+    """``<pod_dir>/<entry>``, refused unless it is (and resolves to) a direct child of ``pod_dir``."""
+    target = _child(pod_dir, entry)
     if Path(os.path.realpath(target)).parent != Path(os.path.realpath(pod_dir)):
         raise ValueError(f"{target} does not resolve to a directory inside {pod_dir}")
     return target
@@ -76,11 +82,13 @@ class StagedFiles:
             raise ValueError(f"no staged file for {sorted(missing)}")
         for name, data in files.items():
             tmp = self._temps.pop(name)
-            fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fchmod(f.fileno(), 0o644)  # readable by the container's user, whoever it is
+            fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW)  # made readable by all (make_spare)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             os.replace(tmp, self.directory / name)
             self._committed = True
         return dict.fromkeys(files, True)
@@ -119,7 +127,11 @@ def make_spare(pod_dir: Path) -> bool:
     try:
         os.chmod(building, 0o755)
         for name in _SPARE_FILES:
-            os.close(os.open(building / _temp_name(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            fd = os.open(building / _temp_name(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.fchmod(fd, 0o644)  # readable by the container's user, whoever it is (not the umask's)
+            finally:
+                os.close(fd)
         os.rename(building, pod_dir / SPARE_NAME)  # fails when a spare (never empty) appeared meanwhile
     except OSError:
         shutil.rmtree(building, ignore_errors=True)
@@ -132,7 +144,10 @@ def make_spare(pod_dir: Path) -> bool:
 def take_spare(pod_dir: Path, entry: str) -> StagedFiles | None:
     """``<pod_dir>/<entry>`` made from the pod's spare, ready for ``commit``; None when there is no
     spare or ``entry`` is there already (not a first registration: ``write_container_files``)."""
-    target = container_dir(pod_dir, entry)
+    # No realpath here (four of them were a third of a first registration's file work): a plain name
+    # that the spare, a real directory, was renamed to is a directory inside ``pod_dir`` (a rename
+    # onto a symlink or a file fails), which the lstat below confirms.
+    target = _child(pod_dir, entry)
     if os.path.lexists(target):
         return None
     try:
@@ -143,7 +158,6 @@ def take_spare(pod_dir: Path, entry: str) -> StagedFiles | None:
     try:
         if not stat.S_ISDIR(os.lstat(target).st_mode):
             raise ValueError(f"{target} is not a directory")
-        container_dir(pod_dir, entry)  # still inside, now that it exists
     except BaseException:
         staged.discard()
         raise

@@ -146,6 +146,23 @@ def test_a_first_registration_takes_the_spare_by_one_rename(workdir: Path) -> No
     assert spare.is_dir()
 
 
+def test_a_spare_that_is_not_a_directory_is_refused(workdir: Path) -> None:
+    # take_spare checks no realpath: a spare replaced by a symlink (only root could) must still be
+    # refused once renamed, and a symlink already at the container's name is never renamed over.
+    pod_dir = workdir / "pod"
+    pod_dir.mkdir()
+    outside = workdir / "outside"
+    outside.mkdir()
+    (pod_dir / SPARE_NAME).symlink_to(outside)
+    with pytest.raises(ValueError, match="is not a directory"):
+        take_spare(pod_dir, "cid")
+    assert outside.is_dir() and os.listdir(outside) == []
+    (pod_dir / "cid").unlink()
+    assert make_spare(pod_dir)
+    (pod_dir / "other").symlink_to(outside)
+    assert take_spare(pod_dir, "other") is None and (pod_dir / SPARE_NAME).is_dir()
+
+
 def test_a_spare_left_unused_leaves_nothing(workdir: Path) -> None:
     pod_dir = workdir / "pod"
     pod_dir.mkdir()
