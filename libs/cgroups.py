@@ -120,13 +120,18 @@ def find_container_cgroup(
     layouts no formula knows). Then the layouts' formulas, in the first hierarchy that has one; they
     are only spelled out when needed (twenty paths: most of a registration's lookup)."""
     hierarchies = hierarchy_roots(cgroup_root)
-    likely = [rel for rel in likely if not rel.is_absolute() and ".." not in rel.parts]
-    for candidates in (likely, None):
-        for hierarchy in hierarchies:
-            for rel in candidates if candidates is not None else container_cgroup_paths(pod_uid, container_id, qos):
-                path = os.path.join(hierarchy, rel)
-                if os.path.isfile(os.path.join(path, "cgroup.procs")):
-                    return Path(path)
+    inside = [rel for rel in likely if not rel.is_absolute() and ".." not in rel.parts]
+    return (_first_with_procs(hierarchies, inside)
+            or _first_with_procs(hierarchies, container_cgroup_paths(pod_uid, container_id, qos)))
+
+
+def _first_with_procs(hierarchies: list[Path], rels: list[PurePosixPath]) -> Path | None:
+    """The first ``<hierarchy>/<rel>`` holding ``cgroup.procs``, hierarchy by hierarchy."""
+    for hierarchy in hierarchies:
+        for rel in rels:
+            path = os.path.join(hierarchy, rel)
+            if os.path.isfile(os.path.join(path, "cgroup.procs")):
+                return Path(path)
     return None
 
 
@@ -212,8 +217,8 @@ def owner_of_process(proc_root: Path, pid: int) -> CgroupOwner:
     with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8") as f:
         lines = parse_proc_cgroup(f.read())
     # cgroup v1 gives one line per hierarchy, mostly with the same path: each path is parsed once.
-    by_path: dict[str, CgroupOwner] = {}
-    owners = [by_path.get(path) or by_path.setdefault(path, owner_of_path(path)) for _h, _c, path in lines]
+    by_path = {path: owner_of_path(path) for path in {path for _h, _c, path in lines}}
+    owners = [by_path[path] for _h, _c, path in lines]
     pods = {o.pod_uid for o in owners if o.pod_uid}
     if len(pods) > 1:
         raise AmbiguousCgroup(f"process {pid} is in cgroups of several pods: {sorted(pods)}")

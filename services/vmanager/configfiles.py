@@ -154,14 +154,9 @@ def take_spare(pod_dir: Path, entry: str) -> StagedFiles | None:
         os.rename(pod_dir / SPARE_NAME, target)
     except OSError:  # no spare; or a writer made ``entry`` meanwhile, and wrote into it
         return None
-    staged = StagedFiles(target, {name: target / _temp_name(name) for name in _SPARE_FILES})
-    try:
-        if not stat.S_ISDIR(os.lstat(target).st_mode):
-            raise ValueError(f"{target} is not a directory")
-    except BaseException:
-        staged.discard()
-        raise
-    return staged
+    if not stat.S_ISDIR(os.lstat(target).st_mode):  # nothing is written or removed through it
+        raise ValueError(f"{target} is not a directory")
+    return StagedFiles(target, {name: target / _temp_name(name) for name in _SPARE_FILES})
 
 
 def _check_names(names: Iterable[str]) -> None:

@@ -153,10 +153,13 @@ def test_a_spare_that_is_not_a_directory_is_refused(workdir: Path) -> None:
     pod_dir.mkdir()
     outside = workdir / "outside"
     outside.mkdir()
+    kept = {".vcuda.config.tmp", ".pids.config.tmp"}  # the names a staged directory's files have
+    for name in kept:
+        (outside / name).write_bytes(b"theirs")
     (pod_dir / SPARE_NAME).symlink_to(outside)
     with pytest.raises(ValueError, match="is not a directory"):
         take_spare(pod_dir, "cid")
-    assert outside.is_dir() and os.listdir(outside) == []
+    assert set(os.listdir(outside)) == kept  # nothing removed through the link
     (pod_dir / "cid").unlink()
     assert make_spare(pod_dir)
     (pod_dir / "other").symlink_to(outside)
