@@ -87,6 +87,9 @@ class FleetProjection:
         self.engine = engine
         fleet_metadata.create_all(engine)
         self.folds: dict[str, _NodeFold] = {}
+        # Per node, the last seq whose rows are committed. The folds run ahead of it while a batch is
+        # folded (on the ingest's thread): whoever reads progress to query the database reads this.
+        self.committed: dict[str, int] = {}
 
     # --- start: rebuild the folds from what the database holds -----------------------------------
 
@@ -107,10 +110,12 @@ class FleetProjection:
                 self.folds[h.node].open[h.alloc_id] = holding_of_row(h)
             for g in conn.execute(select(fleet_gpus).where(fleet_gpus.c.valid_to.is_(None))):
                 self.folds[g.node].gpus[g.uuid] = (g.gpu_index, g.model)
+        self.committed = {n: f.last_seq for n, f in self.folds.items()}
         return count
 
     def last_seqs(self) -> dict[str, int]:
-        return {n: f.last_seq for n, f in self.folds.items()}
+        """Per node, the last seq stored in the database (committed)."""
+        return dict(self.committed)
 
     def _fold_for(self, node: str) -> _NodeFold:
         nf = self.folds.get(node)
@@ -236,6 +241,8 @@ class FleetProjection:
                 done = conn.execute(update(fleet_nodes).where(fleet_nodes.c.node == node).values(**values))
                 if done.rowcount == 0:
                     conn.execute(insert(fleet_nodes).values(node=node, **values))
+        for node in touched_nodes:
+            self.committed[node] = self.folds[node].last_seq
         return batch
 
     # --- the fold ----------------------------------------------------------------------------------

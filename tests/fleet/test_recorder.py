@@ -47,8 +47,8 @@ def fleet_view(engine: object, at: int) -> dict[str, list[bytes]]:
 
 async def recorded(svc: FleetService, nodes: list[FleetNode]) -> bool:
     want = {n.name: n.ledger.event_log.last_seq for n in nodes}  # type: ignore[union-attr]
-    return all(svc.projection.folds.get(k) is not None and svc.projection.folds[k].last_seq == v
-               for k, v in want.items())
+    stored = svc.projection.last_seqs()  # committed: what the queries below read
+    return all(stored.get(k) == v for k, v in want.items())
 
 
 async def test_fleet_at_t_is_the_union_of_every_nodes_replay(hub: HubCluster, short_dir: Path) -> None:

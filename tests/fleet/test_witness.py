@@ -124,7 +124,7 @@ async def test_fleet_restore_rebuilds_a_node_whose_allocator_goes_on(hub: HubClu
         await cosigned_now(cp, 6)
         for _ in range(2):  # two events after the checkpoint: in the copy, not yet witnessed
             await node.ledger.grant()
-        await eventually(lambda: NODE in svc.projection.folds and svc.projection.folds[NODE].last_seq == 8,
+        await eventually(lambda: svc.projection.last_seqs().get(NODE) == 8,
                          timeout=30, interval=0.2, what="the node's 8 events recorded from the fleet stream")
         await node.ledger.stop()  # the node's disk dies (its broker, and the node's stream, stay)
 
@@ -145,7 +145,7 @@ async def test_fleet_restore_rebuilds_a_node_whose_allocator_goes_on(hub: HubClu
                              metrics_port=0)
         async with allocator_app.service(alloc) as allocator:
             assert allocator.ledger.state.seq == 9  # its own inventory (fake GPUs), after the 8 restored
-            await eventually(lambda: svc.projection.folds[NODE].last_seq == 9, timeout=30, interval=0.2,
+            await eventually(lambda: svc.projection.last_seqs().get(NODE) == 9, timeout=30, interval=0.2,
                              what="seq 9 from the restored node recorded, no gap")
         assert svc.ingest.gaps == 0 and svc.ingest.rejected == 0
         assert verify_log(restored / "ledger.sqlite").ok
