@@ -9,7 +9,6 @@ from pathlib import Path
 import msgspec
 import pytest
 import sqlalchemy
-from sqlalchemy import create_engine
 
 from libs.events.codec import StoredEvent, to_record
 from libs.events.schema import AllocationReleased
@@ -31,7 +30,7 @@ def message(seq: int) -> FleetMessage:
 
 
 def test_progress_is_what_the_database_committed(tmp_path: Path) -> None:
-    engine = create_engine(f"sqlite:///{tmp_path / 'fleet.sqlite'}")
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'fleet.sqlite'}")
     projection = FleetProjection(engine)
     assert projection.last_seqs() == {}
     projection.apply([message(1), message(2)])
@@ -43,4 +42,3 @@ def test_progress_is_what_the_database_committed(tmp_path: Path) -> None:
         projection.apply([message(3)])
     assert projection.folds[NODE].last_seq == 3  # folded...
     assert projection.last_seqs() == {NODE: 2}  # ...but not stored: not reported
-
