@@ -179,32 +179,35 @@ class NamesAhead:
             self._pod_watches.setdefault(pod_uid, set()).add(wd)
             # The kubelet starts a pod's sandbox before any of its containers (a new sandbox, new
             # containers): a pod cgroup's oldest child is the sandbox's, of which the runtime knows no
-            # container. Still to come when the pod cgroup is empty; timestamps that tie skip nothing.
+            # container. Still to come when the pod cgroup is empty.
             children = self._children(f"{self.hierarchy}/{rel}")
             if not children:
                 self._sandbox_next.add(wd)
-            elif len(children) == 1 or children[0][0] < children[1][0]:
-                children = children[1:]
-            for _ctime, name in children:  # containers made before the watch was in place
+            for name in children[1:]:  # containers made before the watch was in place
                 self._appeared(_child(rel, name), pod_uid)
         elif not pod_uid and fresh:  # a QoS parent (or its ancestor) made meanwhile: its children too
-            for _ctime, name in self._children(f"{self.hierarchy}/{rel}"):
+            for name in self._children(f"{self.hierarchy}/{rel}"):
                 self._made(_child(rel, name), name)
         return True
 
     @staticmethod
-    def _children(directory: str) -> list[tuple[int, str]]:
-        """Subdirectories (ctime, name), oldest first (the time looked up only when there are several)."""
+    def _children(directory: str) -> list[str]:
+        """Subdirectories' names, oldest first (looked up only when there are several).
+
+        The kernel's file clock is coarse (a tick of a few ms): a sandbox and its container made in
+        one tick have the same ctime. A cgroup's inode number breaks the tie: cgroupfs (kernfs)
+        numbers its nodes in the order it makes them (a 64-bit id whose upper half counts wraps)."""
         with contextlib.suppress(OSError):
             with os.scandir(directory) as entries:
                 found = [e for e in entries if e.is_dir(follow_symlinks=False)]
             if len(found) == 1:
-                return [(0, found[0].name)]
+                return [found[0].name]
             timed = []
             for entry in found:
                 with contextlib.suppress(OSError):
-                    timed.append((entry.stat(follow_symlinks=False).st_ctime_ns, entry.name))
-            return sorted(timed)
+                    st = entry.stat(follow_symlinks=False)
+                    timed.append((st.st_ctime_ns, st.st_ino, entry.name))
+            return [name for _ctime, _ino, name in sorted(timed)]
         return []
 
     def _unwatch(self, wd: int) -> None:

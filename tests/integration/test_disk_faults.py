@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,26 +24,18 @@ from libs.store.log import writer_lock
 from libs.store.verify import verify_log
 from tests.builders import gpu_pod, settings_for
 from tests.e2e.helpers import start_in_process
-
-REQUIRE_ROOT_ENV = "GPULEDGER_REQUIRE_ROOT_TESTS"
-
-
-def _cannot(why: str) -> None:
-    if os.environ.get(REQUIRE_ROOT_ENV) == "1":
-        pytest.fail(f"{why}, and {REQUIRE_ROOT_ENV}=1")
-    pytest.skip(f"{why} (set {REQUIRE_ROOT_ENV}=1 to fail instead)")
+from tests.root import cannot, require_root
 
 
 @contextlib.contextmanager
 def tmpfs(where: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` mounted at ``where`` for the block; always unmounted after."""
-    if os.geteuid() != 0:
-        _cannot("mounting a tmpfs needs root")
+    require_root("mounting a tmpfs")
     where.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                           capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
-        _cannot(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        cannot(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
         yield where
     finally:

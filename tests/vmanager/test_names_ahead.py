@@ -10,7 +10,9 @@ its ledger are the usual real parts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from pathlib import Path
 
 import grpc
@@ -20,8 +22,10 @@ from libs.bus import Bus
 from libs.config import Settings
 from libs.vcuda import VcudaClientError
 from services.vmanager.metrics import VmanagerCollector
+from services.vmanager.namesahead import NamesAhead, watched_hierarchy
 from tests.builders.cgroups import container_path, hierarchy_dirs
 from tests.polling import eventually
+from tests.root import require_root
 from tests.vmanager.helpers import (
     FakeRuntime,
     FakeWatchdog,
@@ -95,8 +99,8 @@ async def test_containers_already_there_when_the_pod_is_served_are_named_too(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A vmanager restarted while the pod runs: its cgroups exist before the watch. The oldest is the
-    # sandbox's (not asked); a sandbox asked all the same (timestamps that tie) would answer "not
-    # found", which is expected there, so no warning.
+    # sandbox's (not asked); a sandbox asked all the same (its cgroup not the oldest: one restarted)
+    # would answer "not found", which is expected there, so no warning.
     uid, sandbox, cid, restarted = new_pod_uid(), new_container_id(), new_container_id(), new_container_id()
     runtime.add(cid, "trainer", uid)
     runtime.add(restarted, "trainer", uid)
@@ -185,3 +189,34 @@ async def test_a_registration_that_comes_while_the_answer_is_on_its_way_waits_fo
         assert runtime.calls == [cid]  # the answer on its way was awaited, not asked for again
         assert svc.registrations.names.resolved == {"runtime": 1}
         assert svc.registrations.ahead is not None and svc.registrations.ahead.used == 1
+
+
+def test_on_cgroupfs_a_sandbox_and_its_container_made_in_one_tick_are_told_apart() -> None:
+    # The kernel's file clock is coarse: runc can make a sandbox's cgroup and its container's within
+    # one tick, with equal ctimes. A vmanager whose watch is placed after both were made must still
+    # skip the sandbox (asking the runtime about it too failed a real-runtime test in CI). On a real
+    # cgroup hierarchy (root only), pairs made back to back must come out oldest first.
+    require_root("making cgroups")
+    hierarchy = watched_hierarchy(Path("/sys/fs/cgroup"))
+    assert hierarchy is not None, "no cgroup hierarchy under /sys/fs/cgroup"
+    top = hierarchy / f"gpuledger-test-{os.getpid()}-{new_pod_uid()[:8]}"
+    tied = 0
+    try:
+        top.mkdir()
+        for i in range(40):
+            pod = top / f"pod{i}"
+            pod.mkdir()
+            # names whose order says nothing: the second made sorts first by name
+            (pod / "z-sandbox").mkdir()
+            (pod / "a-container").mkdir()
+            tied += (pod / "z-sandbox").stat().st_ctime_ns == (pod / "a-container").stat().st_ctime_ns
+            assert NamesAhead._children(str(pod)) == ["z-sandbox", "a-container"], f"pair {i}"
+    finally:
+        for pod in sorted(top.glob("pod*")) if top.exists() else []:
+            for child in ("a-container", "z-sandbox"):
+                with contextlib.suppress(FileNotFoundError):
+                    (pod / child).rmdir()
+            pod.rmdir()
+        with contextlib.suppress(FileNotFoundError):
+            top.rmdir()
+    assert tied, "no pair had equal ctimes: the tie this test is about never happened"
