@@ -1,7 +1,7 @@
 """gpu-manager's vcuda contract: the vcuda.config codec, the vcuda.sock protocol and its client.
 
 The client (grpcio) is loaded when first named: the vmanager uses the codec and the messages, never
-the client, and loads no grpcio (its gRPC is h2: services/vmanager/grpcwire.py, grpcchannel.py).
+the client, and loads no grpcio (its gRPC is h2: libs/grpcwire.py, grpcchannel.py).
 """
 
 from typing import Any

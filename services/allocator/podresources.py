@@ -7,7 +7,8 @@ an absent socket (a kubelet older than 1.15, or a node where it is not mounted) 
 unavailable, and callers then keep the guess, as gpu-manager would.
 
 A rate-limited List (RESOURCE_EXHAUSTED: the kubelet allows 100 a second, 10 at once) or a late one
-keeps the channel; only UNAVAILABLE (the kubelet restarting) dials afresh.
+keeps the connection; one the kubelet closed (restarting) is dialled afresh at the next List. The
+calls are made with ``h2`` (libs/grpcchannel.py): the allocator loads no grpcio.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
-import grpc.aio
 import msgspec
 from google.protobuf.message import DecodeError
 
 from libs.commands import KubeletListing
+from libs.grpcchannel import UnaryChannel
+from libs.grpcwire import CallFailed
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, Pod
 from libs.kubelet.admission import AdmissionCheck, ListedContainers, admitting, listed_containers
 from libs.kubelet.podresources.v1 import api_pb2 as pr
-from libs.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 
 __all__ = ["DeviceHolder", "ForwardedLists", "KubeletPodResources", "KubeletRecord", "PodResourcesUnavailable",
            "holders", "parse_record"]
@@ -85,23 +85,25 @@ def record(listing: pr.ListPodResourcesResponse) -> KubeletRecord:
     return KubeletRecord(holders=holders(listing), containers=listed_containers(listing))
 
 
-def parse_record(listing: bytes) -> KubeletRecord:
-    """The record of a List the registrar forwarded as the kubelet sent it; PodResourcesUnavailable
-    when it does not parse."""
+def parse_record(listing: bytes, *, source: str = "as forwarded") -> KubeletRecord:
+    """The record of a List as the kubelet sent it (forwarded by the registrar, or asked here);
+    PodResourcesUnavailable when it does not parse."""
     try:
         return record(pr.ListPodResourcesResponse.FromString(listing))
     except DecodeError as exc:
-        raise PodResourcesUnavailable(f"the kubelet's List, as forwarded, does not parse: {exc}") from exc
+        raise PodResourcesUnavailable(f"the kubelet's List, {source}, does not parse: {exc}") from exc
 
 
 class KubeletPodResources:
+    LIST = "/v1.PodResourcesLister/List"
+    _REQUEST = pr.ListPodResourcesRequest().SerializeToString()
+
     def __init__(self, socket: str, *, timeout: float, on_list: Callable[[str], None] | None = None) -> None:
         """``on_list(reason)``: told of each List sent (the kubelet rate-limits them; the metrics count)."""
         self.socket = socket
         self.timeout = timeout
         self._on_list = on_list
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: pr_grpc.PodResourcesListerStub | None = None
+        self._channel = UnaryChannel(socket)
 
     def begin_list(self, reason: str) -> asyncio.Future[KubeletRecord]:
         """A List asked for ``reason``, started now: the future gets the record, or fails with
@@ -112,34 +114,23 @@ class KubeletPodResources:
             failed: asyncio.Future[KubeletRecord] = asyncio.get_running_loop().create_future()
             failed.set_exception(PodResourcesUnavailable(f"no pod-resources socket at {self.socket}"))
             return failed
-        if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
-            self._stub = pr_grpc.PodResourcesListerStub(self._channel)
-        call = self._stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
         if self._on_list is not None:
             self._on_list(reason)
-        return asyncio.ensure_future(self._answer(call))
+        return asyncio.ensure_future(self._answer())
 
-    async def _answer(self, call: grpc.aio.UnaryUnaryCall) -> KubeletRecord:  # type: ignore[type-arg]
+    async def _answer(self) -> KubeletRecord:
         try:
-            listing = await call
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                await self._reset()  # the kubelet may have restarted: dial afresh next time
+            listing = await self._channel.call(self.LIST, self._REQUEST, timeout=self.timeout)
+        except CallFailed as exc:
             raise PodResourcesUnavailable(
-                f"pod-resources List on {self.socket} failed: {exc.code().name} {exc.details()}") from exc
-        return record(listing)
+                f"pod-resources List on {self.socket} failed: {exc.code.name} {exc.message}") from exc
+        return parse_record(listing, source=f"from {self.socket}")
 
     async def list(self, reason: str) -> KubeletRecord:
         return await self.begin_list(reason)
 
-    async def _reset(self) -> None:
-        if self._channel is not None:
-            channel, self._channel, self._stub = self._channel, None, None
-            await channel.close()
-
     async def close(self) -> None:
-        await self._reset()
+        await self._channel.close()
 
 
 class ForwardedLists:

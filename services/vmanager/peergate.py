@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from libs.cgroups import AmbiguousCgroup, CgroupOwner, owner_of_process
+from libs.grpcwire import Unary, serve_unary
 from libs.logger import get_logger
 from libs.runtime import discard
 from libs.unixsock import peer_credentials
-from services.vmanager.grpcwire import Unary, serve_unary
 
 __all__ = ["SOCKET_MODE", "Admission", "Caller", "Callers", "PeerGate", "check_caller"]
 

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.grpcwire import Unary
 from libs.logger import get_logger
 from libs.unixsock import check_socket_path, file_identity
 from services.vmanager.cleanup import remove_pod_dir
 from services.vmanager.configfiles import has_spare, make_spare
-from services.vmanager.grpcwire import Unary
 from services.vmanager.names import is_pod_uid
 from services.vmanager.peergate import Admission, Caller, Callers, PeerGate
 

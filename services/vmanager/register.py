@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, NamedTuple
 from google.protobuf.message import DecodeError
 
 from libs.cgroups import encode_pids, find_container_cgroup, read_pids
+from libs.grpcwire import CallFailed, Status, Unary
 from libs.ledger.state import CLAIM_PREFIX, Allocation, LedgerState, claim_alloc_id
 from libs.logger import get_logger
 from libs.vcuda import api_pb2 as pb
 from libs.vcuda.config import config_for, encode
 from services.vmanager.configfiles import CONFIG_NAME, PIDS_NAME, has_spare, take_spare, write_container_files
 from services.vmanager.containers import ContainerNames, ContainerRef, ContainerUnknown, WatchdogUnavailable
-from services.vmanager.grpcwire import CallFailed, Status, Unary
 from services.vmanager.names import is_container_id, is_container_name, is_pod_uid
 from services.vmanager.peergate import Caller
 

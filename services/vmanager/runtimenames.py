@@ -18,10 +18,10 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from libs.grpcchannel import UnaryChannel
+from libs.grpcwire import CallFailed
 from libs.logger import get_logger
 from services.vmanager.containers import ContainerRef, ContainerUnknown
-from services.vmanager.grpcchannel import UnaryChannel
-from services.vmanager.grpcwire import CallFailed
 
 __all__ = ["CONTAINER_NAME_LABEL", "POD_UID_LABEL", "RUNTIME_TIMEOUT", "RuntimeNames"]
 

@@ -1,4 +1,4 @@
-"""gRPC unary calls on a checked connection (services/vmanager/grpcwire.py), served on a real unix
+"""gRPC unary calls on a checked connection (libs/grpcwire.py), served on a real unix
 socket and called by grpcio's own client, as a CUDA library's gRPC client calls vcuda.sock."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.vmanager import grpcwire
-from services.vmanager.grpcchannel import UnaryChannel
-from services.vmanager.grpcwire import CallFailed, Status, serve_unary
+from libs import grpcwire
+from libs.grpcchannel import UnaryChannel
+from libs.grpcwire import CallFailed, Status, serve_unary
 
 ECHO = "/test.Echo/Say"
 SLOW = "/test.Echo/Slow"

@@ -26,7 +26,8 @@ RULES = {
     # nor grpcio: vcuda.sock is answered and the container runtime asked with h2 (grpcwire.py)
     "services.vmanager.app": (*EVERY_SERVICE, "lightkube", *GPU_BACKENDS, "yaml", "grpc"),
     "services.watchdog.app": EVERY_SERVICE,
-    "services.allocator.app": EVERY_SERVICE,
+    # nor grpcio: the kubelet's pod-resources List is asked with h2 (libs/grpcchannel.py)
+    "services.allocator.app": (*EVERY_SERVICE, "grpc"),
     # `gpuledger run` starts a service without the rest of the CLI
     "gpuledger.run_cmd": ("gpuledger.cli", "simulator", "sqlalchemy", "lightkube", "elftools", "aiohttp", "yaml"),
 }

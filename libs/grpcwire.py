@@ -1,5 +1,6 @@
-"""gRPC unary calls served with ``h2`` on one connection the gate has checked (peergate.py); what
-both sides of the wire share (status codes, message framing) for grpcchannel.py, which makes calls.
+"""gRPC unary calls served with ``h2`` on one connection the vmanager's gate has checked
+(services/vmanager/peergate.py); what both sides of the wire share (status codes, message framing)
+for grpcchannel.py, which makes calls.
 
 grpcio's Python server cannot say which process connected to a unix socket (no SO_PEERCRED), so the
 gate used to copy each checked connection to a private grpcio server. On a node starting containers

@@ -1,7 +1,7 @@
-"""gRPC unary calls made with ``h2`` (the other side of grpcwire.py): the vmanager asks the container
-runtime's ``ContainerStatus`` about each container through a ``UnaryChannel``, on one connection kept
-open. With it the vmanager loads no grpcio at all: grpcio's library and a channel's threads cost a
-deployed vmanager 11 MB of its RSS (docs/benchmarks.md, fifteenth round).
+"""gRPC unary calls made with ``h2`` (the other side of grpcwire.py), on one connection kept open: the
+vmanager asks the container runtime's ``ContainerStatus`` with it, the allocator the kubelet's
+pod-resources ``List``. So neither loads grpcio: grpcio's library and a channel's threads cost a
+deployed service about 11 MB of its RSS (docs/benchmarks.md, fifteenth and seventeenth rounds).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 
-from services.vmanager.grpcwire import READ_SIZE, CallFailed, PlainEncoder, Status, framed, message_of, overflowing
+from libs.grpcwire import READ_SIZE, CallFailed, PlainEncoder, Status, framed, message_of, overflowing
 
 __all__ = ["UnaryChannel"]
 
