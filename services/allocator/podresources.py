@@ -14,9 +14,9 @@ calls are made with ``h2`` (libs/grpcchannel.py): the allocator loads no grpcio.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 from google.protobuf.message import DecodeError
@@ -110,7 +110,7 @@ class KubeletPodResources:
         PodResourcesUnavailable; cancelling it cancels the call. The request leaves in the call's own
         task, which the loop runs next: a caller about to block the loop (an inline append) yields
         once first."""
-        if not Path(self.socket).exists():
+        if not os.path.exists(self.socket):
             failed: asyncio.Future[KubeletRecord] = asyncio.get_running_loop().create_future()
             failed.set_exception(PodResourcesUnavailable(f"no pod-resources socket at {self.socket}"))
             return failed

@@ -341,3 +341,25 @@ async def test_after_a_goaway_the_next_call_dials_afresh(tmp_path: Path) -> None
             task.cancel()
         await asyncio.gather(*served, return_exceptions=True)
         await server.wait_closed()
+
+
+def test_request_headers_are_encoded_once_and_a_table_size_change_is_still_signalled() -> None:
+    from hpack import Decoder
+
+    from libs.grpcchannel import _RequestEncoder
+
+    encoder, decoder = _RequestEncoder(), Decoder()
+    headers = [(b":method", b"POST"), (b":path", b"/v1.PodResourcesLister/List"), (b"grpc-timeout", b"5000m")]
+    first = encoder.encode(headers)
+    assert encoder.encode(list(headers)) is first  # the same headers: the block kept
+    assert not encoder.header_table.dynamic_entries  # nothing indexed: a kept block stays valid
+    assert [(n.encode(), v.encode()) for n, v in decoder.decode(first)] == headers
+    encoder.header_table_size = 0  # as a server's SETTINGS_HEADER_TABLE_SIZE makes h2 do
+    resized = encoder.encode(headers)
+    assert resized != first and resized[0] & 0xE0 == 0x20  # begins with a dynamic table size update
+    assert [(n.encode(), v.encode()) for n, v in decoder.decode(resized)] == headers
+    assert encoder.encode(headers) is first  # then the kept block again, which the decoder reads alike
+    assert [(n.encode(), v.encode()) for n, v in decoder.decode(first)] == headers
+    other = [(b":method", b"POST"), (b":path", b"/runtime.v1.RuntimeService/ContainerStatus"),
+             (b"grpc-timeout", b"1000m")]
+    assert [(n.encode(), v.encode()) for n, v in decoder.decode(encoder.encode(other))] == other
