@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import secrets
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,13 +85,32 @@ class HubCluster:
         finally:
             await bus.close()
 
-    def add_node(self, node: str) -> NodeLogin:
-        """A user for ``node`` on every central server (a configuration reload, no restart)."""
+    def add_node(self, node: str, *, timeout: float = 10.0) -> NodeLogin:
+        """A user for ``node`` on every central server (a configuration reload, no restart), returned
+        once every running server has loaded it: a reload is asynchronous (SIGHUP), and a client that
+        reached a server still on the old configuration was refused as an unknown user (CI saw it)."""
         login = self.logins.get(node) or NodeLogin(node, secrets.token_hex(8))
         self.logins[node] = login
-        for spec, server in zip(self.specs, self.servers, strict=True):
+        running = [spec for spec, server in zip(self.specs, self.servers, strict=True) if server.returncode is None]
+        loaded = {spec.name: self._config_load_time(spec) for spec in running}
+        for spec, server in zip(self.specs, self.servers, strict=True):  # a stopped one reads it when started
             server.reload(self._config(spec))
+        deadline = time.monotonic() + timeout
+        for spec in running:
+            while self._config_load_time(spec) == loaded[spec.name]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{spec.name} did not reload its configuration within {timeout:g}s")
+                time.sleep(0.01)
         return login
+
+    @staticmethod
+    def _config_load_time(spec: HubServer) -> str:
+        """When the server last loaded its configuration (its /varz monitoring endpoint)."""
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{spec.monitor_port}/varz", timeout=5) as reply:
+            return str(json.load(reply)["config_load_time"])
 
     def client_urls(self, user: str = RECORDER_USER, password: str | None = None) -> str:
         password = self.recorder_password if password is None else password
