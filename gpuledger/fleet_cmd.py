@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -28,10 +30,17 @@ def _db_option(fn: Any) -> Any:
                         help="The recorder's database URL [default: SQLite at STATE_DIR/fleet.sqlite].")(fn)
 
 
-def _engine(db: str, state_dir: str) -> Any:
+@contextlib.contextmanager
+def _engine(db: str, state_dir: str) -> Iterator[Any]:
+    """The recorder's database for one command, its connections closed after (a command run in
+    another program's process, as the tests run them, leaves no session open on the server)."""
     from services.fleet.app import open_engine
 
-    return open_engine(db or Settings(state_dir=state_dir).fleet_db_url)
+    engine = open_engine(db or Settings(state_dir=state_dir).fleet_db_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def _when(text: str | None, default: int) -> int:
@@ -72,7 +81,8 @@ def at_(when: str, node: str | None, db: str, state_dir: str, as_json: bool) -> 
     """Every holding on every node at WHEN (ISO-8601 or unix seconds), as each node's `replay --at` says."""
     from libs.fleet.queries import fleet_at
 
-    states = fleet_at(_engine(db, state_dir), _when(when, 0), node=node)
+    with _engine(db, state_dir) as engine:
+        states = fleet_at(engine, _when(when, 0), node=node)
     if as_json:  # times as `replay --json` gives them: RFC 3339, the unix nanoseconds beside them
         data = msgspec.to_builtins(states)
         for held in data:
@@ -101,8 +111,9 @@ def history_(node: str | None, pod: str | None, namespace: str | None, gpu: str 
     """Who held what, when: every state of the allocations matching the filters, oldest first."""
     from libs.fleet.queries import history
 
-    rows = history(_engine(db, state_dir), node=node, pod=pod, namespace=namespace, gpu=gpu,
-                   since=_when(since, 0) if since else None, until=_when(until, 0) if until else None)
+    with _engine(db, state_dir) as engine:
+        rows = history(engine, node=node, pod=pod, namespace=namespace, gpu=gpu,
+                       since=_when(since, 0) if since else None, until=_when(until, 0) if until else None)
     if as_json:
         out = []
         for row in msgspec.to_builtins(rows):
@@ -128,7 +139,8 @@ def utilization_(since: str | None, until: str | None, db: str, state_dir: str, 
     from libs.fleet.queries import utilization
 
     now = time.time_ns()
-    rows = utilization(_engine(db, state_dir), _when(since, now - 3600 * 10**9), _when(until, now))
+    with _engine(db, state_dir) as engine:
+        rows = utilization(engine, _when(since, now - 3600 * 10**9), _when(until, now))
     if as_json:
         _json(rows)
         return
@@ -142,7 +154,8 @@ def nodes_(db: str, state_dir: str, as_json: bool) -> None:
     """The nodes the recorder has heard of: last seq, last row hash, when."""
     from libs.fleet.queries import nodes
 
-    rows = nodes(_engine(db, state_dir))
+    with _engine(db, state_dir) as engine:
+        rows = nodes(engine)
     if as_json:
         _json([with_times(row, "last_event_at") for row in msgspec.to_builtins(rows)])
         return
@@ -271,13 +284,10 @@ async def _restore(node: str, state_dir: Any, nats_url: str, credentials: str, d
         copy = await read_node_records(bus.js, node)
     finally:
         await bus.close()
-    engine = _engine(db_url, "")
-    try:
+    with _engine(db_url, "") as engine:
         # The node's response settings as its allocator builds them from this environment (GPULEDGER_*):
         # compact grants in the copy are rebuilt byte for byte under them.
         candidates = configured_response_settings(Settings(node_name=node, state_dir=str(state_dir)))
         report = await asyncio.to_thread(restore_node, copy, SqlWitnessStore(engine, create=False), origin,
                                          state_dir, witness_key=key, response_settings=candidates)
-    finally:
-        engine.dispose()
     return report, copy.skipped

@@ -112,6 +112,8 @@ async def check_fleet_at_t(hub: HubCluster, short_dir: Path, fleet_db: str) -> N
         stack.push_async_callback(bus.close)
         svc = await stack.enter_async_context(service(settings_again, source_interval=0.5))
         assert set(svc.projection.folds) == {n.name for n in nodes}
-        with open_engine(settings.fleet_db_url).connect() as conn:
+        engine = open_engine(settings.fleet_db_url)
+        stack.callback(engine.dispose)  # no session left open on the server
+        with engine.connect() as conn:
             total = conn.execute(select(func.count()).select_from(fleet_events)).scalar_one()
         assert total == sum(n.ledger.event_log.last_seq for n in nodes)  # type: ignore[union-attr]
