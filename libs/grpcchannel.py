@@ -170,15 +170,17 @@ class _RequestEncoder(PlainEncoder):
 
     def encode(self, headers, huffman=True):  # type: ignore[no-untyped-def]
         key = tuple(headers)
-        block = None if self.header_table.resized else self._blocks.get(key)
+        if self.header_table.resized:  # this block begins with the size update: made afresh, not kept
+            return self._literal(key)
+        block = self._blocks.get(key)
         if block is None:
-            resized = self.header_table.resized
-            block = super().encode([NeverIndexedHeaderTuple(name, value) for name, value in key])
-            if not resized:
-                if len(self._blocks) >= self.KEEP:
-                    self._blocks.clear()
-                self._blocks[key] = block
+            if len(self._blocks) >= self.KEEP:
+                self._blocks.clear()
+            block = self._blocks[key] = self._literal(key)
         return block
+
+    def _literal(self, headers: tuple[object, ...]) -> bytes:
+        return super().encode([NeverIndexedHeaderTuple(name, value) for name, value in headers])
 
 
 @dataclass

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hpack import Decoder
 
 from libs import grpcwire
-from libs.grpcchannel import UnaryChannel
+from libs.grpcchannel import UnaryChannel, _RequestEncoder
 from libs.grpcwire import CallFailed, Status, serve_unary
 
 ECHO = "/test.Echo/Say"
@@ -344,10 +345,6 @@ async def test_after_a_goaway_the_next_call_dials_afresh(tmp_path: Path) -> None
 
 
 def test_request_headers_are_encoded_once_and_a_table_size_change_is_still_signalled() -> None:
-    from hpack import Decoder
-
-    from libs.grpcchannel import _RequestEncoder
-
     encoder, decoder = _RequestEncoder(), Decoder()
     headers = [(b":method", b"POST"), (b":path", b"/v1.PodResourcesLister/List"), (b"grpc-timeout", b"5000m")]
     first = encoder.encode(headers)
