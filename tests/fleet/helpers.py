@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import socket
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -91,7 +94,7 @@ class HubCluster:
         reached a server still on the old configuration was refused as an unknown user (CI saw it)."""
         login = self.logins.get(node) or NodeLogin(node, secrets.token_hex(8))
         self.logins[node] = login
-        running = [spec for spec, server in zip(self.specs, self.servers, strict=True) if server.returncode is None]
+        running = self._running()
         loaded = {spec.name: self._config_load_time(spec) for spec in running}
         for spec, server in zip(self.specs, self.servers, strict=True):  # a stopped one reads it when started
             server.reload(self._config(spec))
@@ -103,14 +106,18 @@ class HubCluster:
                 time.sleep(0.01)
         return login
 
-    @staticmethod
-    def _config_load_time(spec: HubServer) -> str:
-        """When the server last loaded its configuration (its /varz monitoring endpoint)."""
-        import json
-        import urllib.request
+    def _running(self) -> list[HubServer]:
+        return [spec for spec, server in zip(self.specs, self.servers, strict=True) if server.returncode is None]
 
-        with urllib.request.urlopen(f"http://127.0.0.1:{spec.monitor_port}/varz", timeout=5) as reply:
-            return str(json.load(reply)["config_load_time"])
+    @staticmethod
+    def _monitor(spec: HubServer, endpoint: str) -> dict[str, Any]:
+        """One of the server's monitoring endpoints (``varz``, ``leafz``...), as JSON."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{spec.monitor_port}/{endpoint}", timeout=5) as reply:
+            return json.load(reply)  # type: ignore[no-any-return]
+
+    def _config_load_time(self, spec: HubServer) -> str:
+        """When the server last loaded its configuration."""
+        return str(self._monitor(spec, "varz")["config_load_time"])
 
     def client_urls(self, user: str = RECORDER_USER, password: str | None = None) -> str:
         password = self.recorder_password if password is None else password
@@ -127,16 +134,10 @@ class HubCluster:
     def leaf_links(self) -> dict[str, str]:
         """Which central server (name) holds each leaf node's link (the leaf's server name), from the
         servers' /leafz monitoring endpoints."""
-        import json
-        import urllib.request
-
         held = {}
-        for spec, server in zip(self.specs, self.servers, strict=True):
-            if server.returncode is not None:
-                continue
-            with urllib.request.urlopen(f"http://127.0.0.1:{spec.monitor_port}/leafz", timeout=5) as reply:
-                for leaf in json.load(reply).get("leafs") or []:
-                    held[leaf["name"]] = spec.name
+        for spec in self._running():
+            for leaf in self._monitor(spec, "leafz").get("leafs") or []:
+                held[leaf["name"]] = spec.name
         return held
 
     def index_of(self, name: str) -> int:
@@ -422,8 +423,6 @@ async def cosigned_now(cp: Checkpointer, size: int, timeout: float = 20.0) -> Si
 
 def metric_samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """The samples of a /metrics endpoint by (name, sorted labels)."""
-    import urllib.request
-
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
