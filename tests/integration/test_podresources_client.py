@@ -2,9 +2,8 @@
 
 A List beyond the kubelet's rate limit (RESOURCE_EXHAUSTED) is reported as unavailable for that call
 and keeps the connection: the next List within the limit answers on the same one. A kubelet that
-restarts is dialled afresh. A List is on
-its way after one loop turn, so a caller that then blocks its loop (an inline append) still gets it
-answered meanwhile.
+restarts is dialled afresh. A List is on its way after one loop turn, so a caller that then blocks
+its loop (an inline append) still gets it answered meanwhile.
 """
 
 from __future__ import annotations
