@@ -32,9 +32,10 @@ _logger = get_logger("follow")
 
 Handler = Callable[[StoredEvent], Awaitable[None] | None]
 
-# An idle follower looks this often whether the connection came back (a broker restart forgets its
-# consumer): the grants published after a restart reach it within this, not a second later.
-IDLE_CHECK_S = 0.25
+# A reconnect (a broker restart forgets the consumer) ends the follower's wait at once, through the
+# bus's reconnect hook; an idle follower also looks this often whether one happened, in case it missed
+# the hook. Not sooner: each look wakes an idle service.
+IDLE_CHECK_S = 5.0
 RETRY_S = 0.5  # after an error of the broker's, before subscribing again
 
 
@@ -45,6 +46,7 @@ class LogFollower:
         self.last_seq = after_seq
         self.idle_check = idle_check  # how often an idle follower checks that its subscription survived
         self._progress = asyncio.Condition()
+        self._waiting: asyncio.Timeout | None = None  # the wait for the next message, while there is one
 
     async def wait_for(self, seq: int, timeout: float) -> None:
         """Wait until events up to ``seq`` have been handled."""
@@ -86,16 +88,20 @@ class LogFollower:
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last_seq + 1
             ),
         )
+        self.bus.on_reconnect.append(self._wake)
         try:
             while True:
                 raise_if_cancelling(None)
+                if self.bus.reconnects != reconnects:
+                    raise _Reconnected()
                 try:
-                    msg = await sub.next_msg(timeout=self.idle_check)
-                except nats.errors.TimeoutError as exc:
+                    async with asyncio.timeout(self.idle_check) as self._waiting:
+                        msg = await sub.next_msg(timeout=None)
+                except TimeoutError as exc:  # idle, or woken by a reconnect
                     raise_if_cancelling(exc)
-                    if self.bus.reconnects != reconnects:
-                        raise _Reconnected() from None
                     continue
+                finally:
+                    self._waiting = None
                 record = msgspec.json.decode(msg.data, type=EventRecord)
                 if record.seq <= self.last_seq:
                     continue
@@ -115,8 +121,14 @@ class LogFollower:
                     self.last_seq = stored.seq
                     self._progress.notify_all()
         finally:
+            self.bus.on_reconnect.remove(self._wake)
             with contextlib.suppress(nats.errors.Error, APIError, OSError):
                 await sub.unsubscribe()
+
+    def _wake(self) -> None:
+        """The connection came back: end the wait for the next message now (the loop resubscribes)."""
+        if self._waiting is not None:
+            self._waiting.reschedule(asyncio.get_running_loop().time())
 
 
 class _Reconnected(nats.errors.Error):

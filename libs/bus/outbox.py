@@ -147,8 +147,11 @@ class Relay:
                 backoff = min(backoff * 2, 5.0)
         backoff = 0.1
         while True:
+            # A commit wakes the relay; it looks again on its own only while events wait to be published
+            # (a failed round), never when idle: each look would wake an idle allocator.
+            behind = self.published < self.event_log.last_seq
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.poll_interval):
+                async with asyncio.timeout(self.poll_interval if behind else None):
                     await self._wake.wait()
             self._wake.clear()
             await self._after_replies()

@@ -106,6 +106,39 @@ async def test_a_follower_resumes_where_it_left_off(nats_server: NatsServer, sho
         await bus.close()
 
 
+async def test_a_follower_reads_on_as_soon_as_the_broker_is_back(short_dir: Path) -> None:
+    """A broker restart forgets the follower's consumer. The reconnect itself ends the follower's wait
+    and it subscribes again from its own position: the events committed meanwhile reach it within
+    seconds, not after its idle check (set far away here, so that only the reconnect can do it)."""
+    server = NatsServer(short_dir / "js")
+    await server.start()
+    port = server.port
+    bus = await Bus.connect(server.url, name="t", node="n1")
+    event_log = await EventLog.open(short_dir / "ledger.sqlite")
+    relay_task = asyncio.create_task(Relay(bus, event_log).run())
+    seen: list[int] = []
+    follower = LogFollower(bus, lambda e: seen.append(e.seq), idle_check=600)
+    follow_task = asyncio.create_task(follower.run())
+    try:
+        for i in range(5):
+            await event_log.append([released_event(i)])
+        await follower.wait_for(5, timeout=10)
+        await server.kill()
+        server = NatsServer(short_dir / "js", port=port)
+        await server.start()
+        for i in range(5, 10):
+            await event_log.append([released_event(i)])
+        await follower.wait_for(10, timeout=4)  # nats-py's own heartbeat check would take longer
+        assert seen == list(range(1, 11))
+    finally:
+        follow_task.cancel()
+        relay_task.cancel()
+        await asyncio.gather(follow_task, relay_task, return_exceptions=True)
+        await event_log.close()
+        await bus.close()
+        await server.stop()
+
+
 async def rebuilt_notices(bus: Bus) -> tuple[list[StreamRebuilt], object]:
     seen: list[StreamRebuilt] = []
 
