@@ -1,18 +1,19 @@
-"""Bounded growth: a million events of steady churn with a retention of 100k, and the start-up after it.
+"""Bounded growth: a million events of steady churn, a retention of 100k, and the start-up after it.
 
 The events are bench/make_log.py's mix (grants with their full Allocate responses, each released two
 grants later), written with its fast path (same rows and hash chain, ``synchronous=OFF``, big
-transactions) in batches of retention/4 events; after each batch, when the live log exceeds the
-retention by a quarter, the allocator's archive step (``libs.store.archive.archive_prefix``, exactly
-what ``allocator.archive`` runs: segment file, stream heads, catalog, chunked delete) moves all but the
-newest ``--retention`` events into a segment. Reported over time: the live file's size (and its WAL),
-the archive's size, the time each archive took. Then the allocator's start-up, as bench/restart.py
-measures it (process spawn -> it answers on NATS, the node's stream current), on the result: once
-without a snapshot (it must replay the segments too: the first start after an upgrade) and twice with
-the snapshot its clean stop wrote (the normal restart, which needs the snapshot and the live tail,
-never a segment).
+transactions) in batches of retention/4 events, or copied in such batches from a log it wrote
+(``--from-log``: ``make bench`` passes the million-event log it has just made); after each batch,
+when the live log exceeds the retention by a quarter, the allocator's archive step
+(``libs.store.archive.archive_prefix``, exactly what ``allocator.archive`` runs: segment file,
+stream heads, catalog, chunked delete) moves all but the newest ``--retention`` events into a
+segment. Reported over time: the live file's size (and its WAL), the archive's size, the time each
+archive took. Then the allocator's start-up, as bench/restart.py measures it (process spawn -> it
+answers on NATS, the node's stream current), on the result: once without a snapshot (it must replay
+the segments too: the first start after an upgrade) and twice with the snapshot its clean stop wrote
+(the normal restart, which needs the snapshot and the live tail, never a segment).
 
-    python -m bench.archive [--events 1000000] [--retention 100000]
+    python -m bench.archive [--events 1000000] [--retention 100000] [--from-log PATH (bench.make_log's)]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.make_log import synthetic, write_log
+from bench.make_log import copy_log, synthetic, write_log
 from bench.restart import seed_stream, start_and_wait, stop, wait_published
 from libs.bus import NatsServer
 from libs.ledger.holdings import audit_replay
@@ -44,14 +45,17 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() else 0
 
 
-def churn(log: Path, events: int, retention: int) -> list[dict[str, float]]:
+def churn(log: Path, events: int, retention: int, from_log: Path | None = None) -> list[dict[str, float]]:
     batch = max(1, retention // 4)
     source = synthetic(events)
     rows: list[dict[str, float]] = []
     written = 0
     while written < events:
         started = time.perf_counter()
-        written = write_log(log, itertools.islice(source, batch), progress=False)
+        if from_log is not None:
+            written = copy_log(from_log, log, after=written, count=min(batch, events - written))
+        else:
+            written = write_log(log, itertools.islice(source, batch), progress=False)
         wrote_s = time.perf_counter() - started
         archived_s = 0.0
         upto = cut_for(log, keep_events=retention)
@@ -107,6 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--retention", type=int, default=100_000)
+    parser.add_argument("--from-log", type=Path, default=None,
+                        help="take the events from this log written by bench.make_log (at least --events of them) "
+                             "instead of making them again: the same rows, without the generation's time")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="glarch", dir="/tmp"))
@@ -115,7 +122,9 @@ def main() -> None:
         state.mkdir()
         log = state / "ledger.sqlite"
         started = time.perf_counter()
-        rows = churn(log, args.events, args.retention)
+        rows = churn(log, args.events, args.retention, args.from_log)
+        if rows[-1]["events"] != args.events:
+            parser.error(f"{args.from_log} holds {rows[-1]['events']:,.0f} events, not --events {args.events:,}")
         churn_s = time.perf_counter() - started
         segments = len(list(archive_dir(log).glob("*.seg.zst")))
         reads = whole_history(log)

@@ -48,7 +48,7 @@ from libs.store.log import create_schema
 from libs.store.rows import COLUMNS, GENESIS_HASH, chain_hash, event_row, row_to_stored
 from libs.store.schema import FORMAT_1_DDL
 
-__all__ = ["GPUS", "SETTINGS", "START_NS", "as_format_1", "synthetic", "write_log"]
+__all__ = ["GPUS", "SETTINGS", "START_NS", "as_format_1", "copy_log", "synthetic", "write_log"]
 
 GPUS = 8
 GIB = 1 << 30
@@ -133,6 +133,34 @@ def write_log(path: Path, events: Iterator[Event], *, seed: int = 1, step_ns: in
         flush()
     conn.close()
     return seq
+
+
+def copy_log(source: Path, path: Path, *, after: int, count: int) -> int:
+    """Append the source log's rows ``after`` < seq <= ``after + count`` (already written by
+    ``write_log``, hash chain and all) to the log at ``path`` (created if absent), as they are; returns
+    the last seq now in ``path``. What ``write_log`` would write for the same events, without making
+    them again: bench/archive.py's churn reads ``make bench``'s million-event log instead of generating
+    a second one."""
+    create_schema(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA synchronous=OFF")
+        table = layout_of(conn).table
+        conn.execute("ATTACH DATABASE ? AS src", (f"file:{source}?mode=ro",))
+        if layout_of(conn).format != "2" or conn.execute("SELECT value FROM src.meta WHERE key = 'format'"
+                                                         ).fetchone() != ("2",):
+            raise ValueError(f"{source} and {path} must both be format 2 logs")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT OR IGNORE INTO meta SELECT * FROM src.meta")
+        conn.execute("INSERT OR IGNORE INTO types SELECT * FROM src.types")  # the same ids: rows name them
+        conn.execute(f"INSERT INTO {table} SELECT * FROM src.{table} WHERE seq > ? AND seq <= ? ORDER BY seq",
+                     (after, after + count))
+        conn.execute("COMMIT")
+        conn.execute("DETACH DATABASE src")
+        last = conn.execute(f"SELECT MAX(seq) FROM {table}").fetchone()[0]
+        return int(last or 0)
+    finally:
+        conn.close()
 
 
 def as_format_1(path: Path, out: Path, *, upto: int | None = None) -> None:
