@@ -21,6 +21,16 @@ async def stream_contents(bus: Bus, count: int) -> list[tuple[int, str]]:
     return out
 
 
+async def tear_down(tasks: list[asyncio.Task[None]], event_log: EventLog, bus: Bus, server: NatsServer) -> None:
+    """Stop the relay and follower tasks, then close the log, the connection and the broker."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await event_log.close()
+    await bus.close()
+    await server.stop()
+
+
 async def test_each_event_is_published_once_across_relay_restarts(nats_server: NatsServer, short_dir: Path) -> None:
     bus = await Bus.connect(nats_server.url, name="t", node="node.a")
     event_log = await EventLog.open(short_dir / "ledger.sqlite")
@@ -131,12 +141,7 @@ async def test_a_follower_reads_on_as_soon_as_the_broker_is_back(short_dir: Path
         await follower.wait_for(10, timeout=4)  # nats-py's own heartbeat check would take longer
         assert seen == list(range(1, 11))
     finally:
-        follow_task.cancel()
-        relay_task.cancel()
-        await asyncio.gather(follow_task, relay_task, return_exceptions=True)
-        await event_log.close()
-        await bus.close()
-        await server.stop()
+        await tear_down([follow_task, relay_task], event_log, bus, server)
 
 
 async def rebuilt_notices(bus: Bus) -> tuple[list[StreamRebuilt], object]:
@@ -239,12 +244,7 @@ async def test_a_broker_store_lost_while_down_is_rebuilt(short_dir: Path) -> Non
         await follower.wait_for(30, timeout=30)
         assert follower_seen == list(range(1, 31))
     finally:
-        follow_task.cancel()
-        task.cancel()
-        await asyncio.gather(follow_task, task, return_exceptions=True)
-        await event_log.close()
-        await bus.close()
-        await server.stop()
+        await tear_down([follow_task, task], event_log, bus, server)
 
 
 async def test_publication_waits_for_the_owners_replies_at_most_a_bounded_time(
