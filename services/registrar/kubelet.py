@@ -3,10 +3,10 @@
 A restarting kubelet deletes every socket in its device-plugin directory (ours included) and creates a
 new ``kubelet.sock``. The keeper notices either sign by comparing file identities (a few stat calls),
 re-creates its listeners and registers again, without the process exiting — gpu-manager exits and
-waits for the DaemonSet to restart it. It looks whenever inotify reports an entry of the directory
-created, deleted or moved, and every 5 s besides (an event it could have missed); while the
-directory cannot be watched (it does not exist yet, no inotify), every 200 ms. An idle node then
-wakes the registrar for nothing, where a 200 ms poll woke it five times a second.
+waits for the DaemonSet to restart it. It looks whenever inotify reports ``kubelet.sock`` or one of
+its own sockets created, deleted or moved, and every 5 s besides (an event it could have missed);
+while the directory cannot be watched (it does not exist yet, no inotify), every 200 ms. An idle
+node then wakes the registrar for nothing, where a 200 ms poll woke it five times a second.
 
 Order per (re)start, as the kubelet requires (kubelet-device-plugin.md 2.2): listen, prove the socket
 answers by dialling it, then Register; the kubelet dials back and calls GetDevicePluginOptions before
@@ -29,7 +29,7 @@ from libs.logger import get_logger
 from libs.unixsock import SocketPathTooLong, check_socket_path, file_identity
 from services.registrar.plugin import DevicePlugin
 
-__all__ = ["KubeletRegistration", "PluginServer"]
+__all__ = ["KubeletRegistration", "PluginDirWatch", "PluginServer"]
 
 _logger = get_logger("registrar")
 POLL = 0.2  # while the directory is not watched
@@ -85,7 +85,8 @@ class KubeletRegistration:
     async def run(self) -> None:
         kubelet_identity: tuple[int, int] | None = None
         delay = POLL
-        watch = _DirectoryWatch(self.directory, own={server.path.name for server in self.servers})
+        watch = PluginDirWatch(self.directory, kubelet=self.kubelet_socket.name,
+                                own={server.path.name for server in self.servers})
         try:
             while True:
                 watched = watch.ensure()
@@ -136,12 +137,15 @@ class KubeletRegistration:
         return True
 
 
-class _DirectoryWatch:
-    """inotify on the device-plugin directory: what makes the keeper look again (anything but the
-    keeper's own sockets being made afresh by the keeper itself)."""
+class PluginDirWatch:
+    """inotify on the device-plugin directory: what makes the keeper look again. Only ``kubelet.sock``
+    and the keeper's own sockets are news (not while the keeper itself makes them afresh): the kubelet
+    rewrites its checkpoint file in the same directory at every admission, and other plugins' sockets
+    live there too; a wake-up for each of them would take the CPU at the moment of an Allocate."""
 
-    def __init__(self, directory: Path, *, own: set[str]) -> None:
+    def __init__(self, directory: Path, *, kubelet: str, own: set[str]) -> None:
         self.directory = directory
+        self.kubelet = kubelet
         self.own = own
         self._inotify: INotify | None = None
         self._event = asyncio.Event()
@@ -192,7 +196,7 @@ class _DirectoryWatch:
         if any(e.mask & (flags.IGNORED | flags.DELETE_SELF | flags.MOVE_SELF) for e in events):
             self.close()  # the directory itself went: watched again once it is back
             self._event.set()
-        elif any(not (self._ignoring and e.name in self.own) for e in events):
+        elif any(e.name == self.kubelet or (e.name in self.own and not self._ignoring) for e in events):
             self._event.set()
 
     async def changed(self, timeout: float) -> None:
