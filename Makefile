@@ -31,12 +31,12 @@ bench: $(BIN)/gpuledger
 	$(BIN)/python -m bench.placement_quality
 	$(BIN)/python -m bench.dra_prepare
 	$(BIN)/python -m bench.log_size
-	rm -f /tmp/gpuledger-bench-1m.sqlite
+	rm -f /tmp/gpuledger-bench-1m.sqlite /tmp/gpuledger-bench-1m.sqlite-wal /tmp/gpuledger-bench-1m.sqlite-shm
 	$(BIN)/python -m bench.make_log /tmp/gpuledger-bench-1m.sqlite --events 1000000
 	$(BIN)/python -m bench.replay --log /tmp/gpuledger-bench-1m.sqlite --formats 2
 	$(BIN)/python -m bench.restart --log /tmp/gpuledger-bench-1m.sqlite --events 1000000
 	$(BIN)/python -m bench.archive --events 1000000 --retention 100000 --from-log /tmp/gpuledger-bench-1m.sqlite
-	rm -f /tmp/gpuledger-bench-1m.sqlite
+	rm -f /tmp/gpuledger-bench-1m.sqlite /tmp/gpuledger-bench-1m.sqlite-wal /tmp/gpuledger-bench-1m.sqlite-shm
 	$(BIN)/python -m bench.append
 	$(BIN)/python -m bench.publication_lag
 	$(BIN)/python -m bench.fleet --nodes 50 --events $(FLEET_EVENTS)
