@@ -145,10 +145,10 @@ def copy_log(source: Path, path: Path, *, after: int, count: int) -> int:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA synchronous=OFF")
-        table = layout_of(conn).table
+        layout = layout_of(conn)
+        table = layout.table
         conn.execute("ATTACH DATABASE ? AS src", (f"file:{source}?mode=ro",))
-        if layout_of(conn).format != "2" or conn.execute("SELECT value FROM src.meta WHERE key = 'format'"
-                                                         ).fetchone() != ("2",):
+        if layout.format != "2" or layout_of(conn, "src").format != "2":
             raise ValueError(f"{source} and {path} must both be format 2 logs")
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT OR IGNORE INTO meta SELECT * FROM src.meta")
