@@ -506,7 +506,6 @@ class PostgresServer:
         runuser was killed, and the postmaster kept running, its data dir deleted. The postmaster is
         killed by its pid file if it still runs after pg_ctl."""
         import shutil
-        import signal
 
         if self._proc and self._proc.returncode is None:
             data = self.root / "data"
@@ -521,15 +520,16 @@ class PostgresServer:
             try:
                 await asyncio.wait_for(self._proc.wait(), 10)
             except TimeoutError:
-                self._kill_postmaster(data, signal.SIGKILL)
+                self._kill_postmaster(data)
                 self._proc.kill()
                 await self._proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
 
     @staticmethod
-    def _kill_postmaster(data: Path, sig: int) -> None:
-        """Signal the postmaster named by its pid file (its children end when it does)."""
+    def _kill_postmaster(data: Path) -> None:
+        """SIGKILL the postmaster named by its pid file (its children end when it does)."""
         import os
+        import signal
 
         with contextlib.suppress(OSError, ValueError, IndexError):
-            os.kill(int((data / "postmaster.pid").read_text().split()[0]), sig)
+            os.kill(int((data / "postmaster.pid").read_text().split()[0]), signal.SIGKILL)
