@@ -9,12 +9,20 @@ StartContainer; its container then registers through the mounted vcuda.sock (vcu
 its own PID namespace: the vmanager checks the caller's cgroup, writes vcuda.config) and reads its
 vcuda.config; then it touches a file in a hostPath directory, which ends the measurement. The plain
 pod's container touches the file at once. Each pod is deleted before the next one (teardown not
-timed). The four services run as their own processes (``gpuledger up``'s way), or in this process
-with ``--services in-process`` (as in tests/runtime); needs root + containerd.
+timed).
+The floor, a third kind in the same run (``--no-floor`` leaves it out): the same GPU pod through
+bench/echo_gpu.py, a bare plugin for two resources of its own and a bare vcuda.sock that do none of
+gpuledger's work, answering with gpuledger's own Allocate response to a warm-up pod. Its start minus
+the plain pod's is what the contract itself costs (two Allocates, PreStartContainer, the devices and
+mounts, the registration from inside); the GPU pod's minus the floor's is gpuledger's own work. Pods
+run as GPU i, plain i, floor i, so the GPU pod's teardown still overlaps the plain pod's start, as
+before the floor was added.
+The four services run as their own processes (``gpuledger up``'s way), or in this process with
+``--services in-process`` (as in tests/runtime); needs root + containerd.
 Printed with the p50 overhead: its 95 % bootstrap interval over the run's pairs of pods, since one
 run's p50 moves by a few percent from run to run on a busy machine.
 
-    python -m bench.pod_start [--pods 100] [--no-runtime-endpoint] [--json out.json]
+    python -m bench.pod_start [--pods 100] [--no-floor] [--cpu] [--no-runtime-endpoint] [--json out.json]
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import platform
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
@@ -34,12 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.allocate_rtt import percentile, summary
+from bench.echo_gpu import CORE as FLOOR_CORE
+from bench.echo_gpu import MEMORY as FLOOR_MEMORY
 from bench.pod_start_cpu import CpuMeter
 from bench.pod_start_trace import Trace, install
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
+from libs.lifeline import start_in_own_session
 from libs.logger import configure_logging
 from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
@@ -59,9 +71,17 @@ GPU_SCRIPT = (
 PLAIN_SCRIPT = "touch /out/$POD_NAME; trap 'exit 0' TERM; sleep 2147483647 & wait"
 
 
-def manifest(name: str, out: Path, gpu: bool) -> dict[str, Any]:
-    limits = {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"} if gpu else {}
-    container = {"name": "c", "image": "bench", "command": ["/bin/sh", "-c", GPU_SCRIPT if gpu else PLAIN_SCRIPT],
+LIMITS = {  # kind -> what its container asks for; "floor": bench/echo_gpu.py's resources, the same share
+    "gpu": {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"},
+    "floor": {FLOOR_CORE: "10", FLOOR_MEMORY: "1"},
+    "plain": {},
+}
+
+
+def manifest(name: str, out: Path, kind: str) -> dict[str, Any]:
+    limits = LIMITS[kind]
+    script = PLAIN_SCRIPT if kind == "plain" else GPU_SCRIPT
+    container = {"name": "c", "image": "bench", "command": ["/bin/sh", "-c", script],
                  "env": [{"name": "POD_NAME", "value": name}],
                  "resources": {"limits": limits, "requests": dict(limits)},
                  "volumeMounts": [{"name": "out", "mountPath": "/out"}]}
@@ -70,16 +90,15 @@ def manifest(name: str, out: Path, gpu: bool) -> dict[str, Any]:
                      "terminationGracePeriodSeconds": 5}}
 
 
-async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout: float = 60,
+async def start_one(sim: NodeSimulator, out: Path, name: str, kind: str, timeout: float = 60,
                     trace: Trace | None = None, cpu: CpuMeter | None = None) -> float:
     marker = out / name
-    kind = "gpu" if gpu else "plain"
     if trace is not None:
         trace.begin()
     if cpu is not None:
         cpu.begin()
     started = time.perf_counter()
-    await sim.create_pod(manifest(name, out, gpu))
+    await sim.create_pod(manifest(name, out, kind))
     deadline = started + timeout
     while not marker.exists():  # written by the container itself
         if time.perf_counter() > deadline:
@@ -98,31 +117,91 @@ async def start_one(sim: NodeSimulator, out: Path, name: str, gpu: bool, timeout
 
 
 async def run(pods: int, breakdown: bool = False, services: str = "processes",
-              runtime_endpoint: bool = True, cpu: bool = False) -> dict[str, Any]:
+              runtime_endpoint: bool = True, cpu: bool = False, floor: bool = True) -> dict[str, Any]:
     trace = install() if breakdown else None
     meter = CpuMeter() if cpu else None
     root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
     try:
         with fake_gpus_on_host(root) as gpus:
-            result = await _measure(root, gpus, pods, services, trace, runtime_endpoint, meter)
+            times = await _measure(root, gpus, pods, services, trace, runtime_endpoint, meter, floor)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    gpu, plain = result.pop("gpu_times"), result.pop("plain_times")
-    return {
+    containerd_start = times.pop("containerd_start_s")
+    gpu, plain = summary(NAMES["gpu"], times["gpu"]), summary(NAMES["plain"], times["plain"])
+    result = {
         "machine": f"{platform.machine()} {platform.system()} {platform.release()}",
         "services": services,
         "container_runtime_endpoint": runtime_endpoint,
-        **result,
+        "containerd_start_s": containerd_start,
+        "p50_overhead_ci95_pct": list(overhead_interval(times["gpu"], times["plain"])),
         "gpu": gpu, "plain": plain,
         "p50_overhead_pct": round(100 * (gpu["p50_ms"] / plain["p50_ms"] - 1), 1),
         "p99_overhead_pct": round(100 * (gpu["p99_ms"] / plain["p99_ms"] - 1), 1),
-        **({"breakdown_median_ms": trace.table()} if trace else {}),
-        **({"cpu_mean_ms": meter.table()} if meter else {}),
+        # GPU pod i and plain pod i start back to back: their difference drifts less with the machine
+        "paired_extra_ms": paired_median_ms(times["gpu"], times["plain"]),
     }
+    if "floor" in times:
+        fl = result["floor"] = summary(NAMES["floor"], times["floor"])
+        result["floor_p50_overhead_pct"] = round(100 * (fl["p50_ms"] / plain["p50_ms"] - 1), 1)
+        result["floor_p50_overhead_ci95_pct"] = list(overhead_interval(times["floor"], times["plain"]))
+        result["floor_paired_extra_ms"] = paired_median_ms(times["floor"], times["plain"])
+        result["gpu_over_floor_paired_ms"] = paired_median_ms(times["gpu"], times["floor"])
+    if trace:
+        result["breakdown_median_ms"] = trace.table()
+    if meter:
+        result["cpu_mean_ms"] = meter.table()
+    return result
+
+
+def paired_median_ms(a: list[float], b: list[float]) -> float:
+    return round(1000 * statistics.median(x - y for x, y in zip(a, b, strict=True)), 2)
+
+
+NAMES = {"gpu": "gpu pod (gpuledger)", "floor": "gpu pod (bare floor)", "plain": "pod without GPUs"}
+
+
+async def start_floor(root: Path, sim: NodeSimulator, out: Path) -> asyncio.subprocess.Process:
+    """bench/echo_gpu.py, answering with gpuledger's own Allocate response to the last warm-up GPU pod
+    (its vcuda directory replaced by the floor's), registered, and three warm-up floor pods started."""
+    answered = next(c for c in reversed(sim.calls)
+                    if c.method == "Allocate" and c.resource == RESOURCE_VCORE and c.ok)
+    response = dict(answered.response)
+    (container,) = response.get("containerResponses") or response["container_responses"]
+    vcuda_dir = root / "floor-vcuda"
+    mounts = container.get("mounts", [])
+    for mount in mounts:
+        if mount.get("containerPath", mount.get("container_path")) == "/etc/vcuda":
+            mount["hostPath" if "hostPath" in mount else "host_path"] = str(vcuda_dir)
+            break
+    else:
+        raise RuntimeError(f"gpuledger's response mounts no /etc/vcuda: {container}")
+    response_file = root / "floor-response.json"
+    response_file.write_text(json.dumps(container))
+    plugin = await start_in_own_session(
+        [sys.executable, "-m", "bench.echo_gpu", str(root / "dp"), str(vcuda_dir), str(response_file)],
+        stdout=asyncio.subprocess.PIPE)
+    assert plugin.stdout
+    if (await asyncio.wait_for(plugin.stdout.readline(), 60)).strip() != b"ready":
+        raise RuntimeError("bench.echo_gpu did not start")
+    await sim.wait_for_resource(FLOOR_CORE, 1000, timeout=60)
+    for i in range(3):  # warm-up, not counted
+        await start_one(sim, out, f"warm-floor-{i}", "floor")
+    return plugin
+
+
+async def stop_floor(plugin: asyncio.subprocess.Process) -> None:
+    if plugin.returncode is None:
+        plugin.terminate()
+        try:
+            await asyncio.wait_for(plugin.wait(), 10)
+        except TimeoutError:
+            plugin.kill()
+            await plugin.wait()
 
 
 async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: Trace | None,
-                   runtime_endpoint: bool, cpu: CpuMeter | None = None) -> dict[str, Any]:
+                   runtime_endpoint: bool, cpu: CpuMeter | None = None, floor: bool = True) -> dict[str, Any]:
+    """Each kind's start times (s), in the order run (gpu i, plain i, floor i), and containerd's start."""
     from services.allocator import app as allocator_app
     from services.registrar import app as registrar_app
     from services.vmanager import app as vmanager_app
@@ -157,27 +236,29 @@ async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: 
             await sim.wait_for_resource(RESOURCE_VCORE, 400, timeout=60)
             containerd_start = sim.runtime.containerd.start_seconds
             for i in range(3):  # warm-up, not counted
-                await start_one(sim, out, f"warm-gpu-{i}", True)
-                await start_one(sim, out, f"warm-plain-{i}", False)
+                await start_one(sim, out, f"warm-gpu-{i}", "gpu")
+                await start_one(sim, out, f"warm-plain-{i}", "plain")
+            kinds = ["gpu", "plain"]
+            if floor:
+                plugin = await start_floor(root, sim, out)
+                stack.push_async_callback(stop_floor, plugin)
+                kinds.append("floor")  # last: its teardown, not the GPU pod's, overlaps the next GPU pod's start
             if cpu is not None:
                 cpu.watch("broker", nats.pid)
                 cpu.watch("containerd", sim.runtime.containerd.pid)
                 cpu.watch("bench+kubelet", os.getpid())  # the simulator, its kubelet, in-process services
                 for child in launcher.children if services == "processes" else []:
                     cpu.watch(child.name, child.pid)
-            gpu_times, plain_times = [], []
+                if floor:
+                    cpu.watch("floor plugin", plugin.pid)
+            times: dict[str, Any] = {kind: [] for kind in kinds}
             for i in range(pods):
-                gpu_times.append(await start_one(sim, out, f"gpu-{i}", True, trace=trace, cpu=cpu))
-                plain_times.append(await start_one(sim, out, f"plain-{i}", False, trace=trace, cpu=cpu))
+                for kind in kinds:
+                    times[kind].append(await start_one(sim, out, f"{kind}-{i}", kind, trace=trace, cpu=cpu))
     finally:
         await nats.stop()
-    return {"containerd_start_s": round(containerd_start, 3),
-            "p50_overhead_ci95_pct": list(overhead_interval(gpu_times, plain_times)),
-            "gpu_times": summary("gpu pod (gpuledger)", gpu_times),
-            "plain_times": summary("pod without GPUs", plain_times),
-            # GPU pod i and plain pod i start back to back: their difference drifts less with the machine
-            "paired_extra_ms": round(1000 * statistics.median(
-                g - p for g, p in zip(gpu_times, plain_times, strict=True)), 2)}
+    times["containerd_start_s"] = round(containerd_start, 3)
+    return times
 
 
 def overhead_interval(gpu: list[float], plain: list[float], *, rounds: int = 2000,
@@ -213,16 +294,22 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true",
                         help="CPU time each process (and the whole machine) spent inside each pod's timed "
                              "window, means per kind of pod (bench/pod_start_cpu.py)")
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="leave out the third kind of pod: a GPU pod through bench/echo_gpu.py, a bare plugin "
+                             "and vcuda.sock that do none of gpuledger's work (the floor of what the contract costs)")
     args = parser.parse_args()
     reason = runtime_unavailable_reason()
     if reason:
         raise SystemExit(f"bench.pod_start needs the real runtime: {reason}")
     configure_logging("bench", fmt="console", level="warning")
     try:
-        result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint, args.cpu))
+        result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint, args.cpu,
+                                 args.floor))
     except RuntimeBusy as exc:
         raise SystemExit(f"bench.pod_start: {exc}") from None
-    for key in ("gpu", "plain"):
+    for key in ("gpu", "floor", "plain"):
+        if key not in result:
+            continue
         r = result[key]
         print(f"{r['name']:<22} n={r['n']} p50={r['p50_ms']:.1f} ms p99={r['p99_ms']:.1f} ms "
               f"mean={r['mean_ms']:.1f} ms")
@@ -231,6 +318,12 @@ def main() -> None:
           f"{result['p99_overhead_pct']}% at p99, "
           f"{result['paired_extra_ms']} ms per pod (median of GPU pod i - plain pod i) "
           f"(containerd start {result['containerd_start_s']} s)")
+    if "floor" in result:
+        low, high = result["floor_p50_overhead_ci95_pct"]
+        print(f"the bare floor (bench/echo_gpu.py) adds {result['floor_p50_overhead_pct']}% at p50 (95 % interval "
+              f"{low} to {high} %), {result['floor_paired_extra_ms']} ms per pod (median of floor pod i - plain "
+              f"pod i); gpuledger's own work: {result['gpu_over_floor_paired_ms']} ms per pod "
+              f"(median of GPU pod i - floor pod i)")
     for kind, steps in (result.get("breakdown_median_ms") or {}).items():
         print(f"-- {kind}: median ms per step (@step: ms after create_pod when it began)")
         for step, ms in steps.items():
@@ -238,7 +331,7 @@ def main() -> None:
     cpu_table = result.get("cpu_mean_ms")
     if cpu_table:
         print("-- CPU ms inside each pod's window (means): " + ", ".join(cpu_table["gpu"]))
-        for kind in ("gpu", "plain"):
+        for kind in cpu_table:
             print(f"   {kind:<6} " + "  ".join(f"{v:7.2f}" for v in cpu_table[kind].values()))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -1,0 +1,124 @@
+"""The floor for the pod start: what a GPU pod costs when its plugin and its vcuda.sock do nothing else.
+
+One process, with none of gpuledger's work (no bus, no log, no pod lookup, no caller check):
+- a bare device plugin for two resources registered with the (simulated) kubelet, as ours are:
+  ``bench.gpuledger.io/floor-core`` (PreStartRequired, answered at once) and
+  ``bench.gpuledger.io/floor-memory``. Its Allocate answers with the response given at start
+  (bench/pod_start.py passes gpuledger's own answer to a warm-up pod, with that pod's vcuda
+  directory replaced by this process's one): the same device nodes, mounts and envs as ours;
+- a bare vcuda.sock in that directory, shared by every floor pod: RegisterVDevice makes
+  ``<dir>/<container id>/`` and writes its 8240-byte vcuda.config (the request's pod UID, the
+  share's limits), then answers. The in-container client (vcuda-register --self) then reads it
+  exactly as it reads gpuledger's.
+
+So a floor pod goes through the same kubelet admission (two Allocates, a PreStartContainer), the same
+CreateContainer (devices, mounts), the same registration from inside; the GPU pod's start minus the
+floor pod's is what gpuledger's own work costs.
+
+    python -m bench.echo_gpu DEVICE_PLUGIN_DIR VCUDA_DIR RESPONSE_FILE   (prints "ready" once registered)
+
+RESPONSE_FILE: a ContainerAllocateResponse in protobuf JSON (``MessageToJson``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from google.protobuf import json_format
+
+from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from libs.vcuda import api_pb2 as vpb
+from libs.vcuda import api_pb2_grpc as vpb_grpc
+from libs.vcuda.config import VcudaConfig, encode
+
+CORE = "bench.gpuledger.io/floor-core"
+MEMORY = "bench.gpuledger.io/floor-memory"
+SOCKETS = {CORE: "bench-floor-core.sock", MEMORY: "bench-floor-memory.sock"}
+DEVICES = 1000
+# The share bench/pod_start.py asks for (10 cores, one 256 MiB block), written for every container.
+_LIMITS = {"limit": 10, "gpu_memory": 256 << 20, "utilization": 10, "hard_limit": 1,
+           "driver_major": 535, "driver_minor": 104, "enable": 1}
+
+
+class EchoGpuPlugin(pb_grpc.DevicePluginServicer):
+    def __init__(self, resource: str, response: pb.ContainerAllocateResponse) -> None:
+        self.resource = resource
+        self.response = response if resource == CORE else pb.ContainerAllocateResponse()
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext
+                                     ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=self.resource == CORE)
+
+    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"floor-{i}", health="Healthy") for i in range(DEVICES)])
+        await asyncio.Event().wait()  # the stream stays open, as a plugin's does
+
+    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
+        return pb.AllocateResponse(container_responses=[self.response for _ in request.container_requests])
+
+    async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+                                ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+class BareVcuda(vpb_grpc.VCUDAServiceServicer):
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    async def RegisterVDevice(self, request: vpb.VDeviceRequest, context: grpc.aio.ServicerContext
+                              ) -> vpb.VDeviceResponse:
+        cid = request.container_id
+        if not cid or "/" in cid or cid.startswith("."):  # the one check: stay inside the directory
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a container id is required")
+        container = self.directory / cid
+        container.mkdir(exist_ok=True)
+        data = encode(VcudaConfig(pod_uid=request.pod_uid, container_name="c", **_LIMITS))
+        fd = os.open(container / "vcuda.config", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return vpb.VDeviceResponse()
+
+
+async def main(plugin_dir: Path, vcuda_dir: Path, response_file: Path) -> None:
+    response = json_format.Parse(response_file.read_text(), pb.ContainerAllocateResponse())
+    vcuda_dir.mkdir(parents=True, exist_ok=True)
+    servers = []
+    vcuda = grpc.aio.server()
+    vpb_grpc.add_VCUDAServiceServicer_to_server(BareVcuda(vcuda_dir), vcuda)
+    socket = vcuda_dir / "vcuda.sock"
+    socket.unlink(missing_ok=True)
+    vcuda.add_insecure_port(f"unix://{socket}")
+    await vcuda.start()
+    socket.chmod(0o777)  # the container's user may be anyone, as with gpuledger's sockets
+    servers.append(vcuda)
+    for resource, name in SOCKETS.items():
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(EchoGpuPlugin(resource, response), server)
+        (plugin_dir / name).unlink(missing_ok=True)
+        server.add_insecure_port(f"unix://{plugin_dir / name}")
+        await server.start()
+        servers.append(server)
+        async with grpc.aio.insecure_channel(f"unix://{plugin_dir / 'kubelet.sock'}") as ch:
+            await pb_grpc.RegistrationStub(ch).Register(pb.RegisterRequest(
+                version="v1beta1", endpoint=name, resource_name=resource,
+                options=pb.DevicePluginOptions(pre_start_required=resource == CORE)), timeout=10)
+    print("ready", flush=True)
+    await asyncio.gather(*(s.wait_for_termination() for s in servers))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("plugin_dir", type=Path)
+    parser.add_argument("vcuda_dir", type=Path)
+    parser.add_argument("response_file", type=Path)
+    args = parser.parse_args()
+    asyncio.run(main(args.plugin_dir, args.vcuda_dir, args.response_file))
