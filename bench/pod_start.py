@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -160,23 +161,29 @@ def paired_median_ms(a: list[float], b: list[float]) -> float:
 NAMES = {"gpu": "gpu pod (gpuledger)", "floor": "gpu pod (bare floor)", "plain": "pod without GPUs"}
 
 
+def floor_response(answered: dict[str, Any], vcuda_dir: Path) -> dict[str, Any]:
+    """The one container response of ``answered`` (an AllocateResponse as a dict, either spelling of
+    the field names), its ``/etc/vcuda`` mount's source replaced by ``vcuda_dir``; ``answered`` is
+    left as it was. ValueError when it holds other than one container response or no such mount."""
+    responses = answered.get("containerResponses", answered.get("container_responses", []))
+    if len(responses) != 1:
+        raise ValueError(f"expected one container response, got {len(responses)}")
+    container = copy.deepcopy(responses[0])
+    for mount in container.get("mounts", []):
+        if mount.get("containerPath", mount.get("container_path")) == "/etc/vcuda":
+            mount["hostPath" if "hostPath" in mount else "host_path"] = str(vcuda_dir)
+            return container
+    raise ValueError(f"the response mounts nothing at /etc/vcuda: {container}")
+
+
 async def start_floor(root: Path, sim: NodeSimulator, out: Path) -> asyncio.subprocess.Process:
     """bench/echo_gpu.py, answering with gpuledger's own Allocate response to the last warm-up GPU pod
     (its vcuda directory replaced by the floor's), registered, and three warm-up floor pods started."""
     answered = next(c for c in reversed(sim.calls)
                     if c.method == "Allocate" and c.resource == RESOURCE_VCORE and c.ok)
-    response = dict(answered.response)
-    (container,) = response.get("containerResponses") or response["container_responses"]
     vcuda_dir = root / "floor-vcuda"
-    mounts = container.get("mounts", [])
-    for mount in mounts:
-        if mount.get("containerPath", mount.get("container_path")) == "/etc/vcuda":
-            mount["hostPath" if "hostPath" in mount else "host_path"] = str(vcuda_dir)
-            break
-    else:
-        raise RuntimeError(f"gpuledger's response mounts no /etc/vcuda: {container}")
     response_file = root / "floor-response.json"
-    response_file.write_text(json.dumps(container))
+    response_file.write_text(json.dumps(floor_response(answered.response, vcuda_dir)))
     plugin = await start_in_own_session(
         [sys.executable, "-m", "bench.echo_gpu", str(root / "dp"), str(vcuda_dir), str(response_file)],
         stdout=asyncio.subprocess.PIPE)
