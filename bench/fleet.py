@@ -97,7 +97,8 @@ async def wait_sourced(bus: Any, stream: str, total: int, *, on_poll: Callable[[
         if info.state.messages > count:
             count, last_growth = info.state.messages, now
         if count >= total:
-            return {"seconds": now - start, "sources_flagged_stalled_max": flagged_max}
+            return {"seconds": now - start, "sources_flagged_stalled_max": flagged_max,
+                    "bytes_per_message": info.state.bytes / max(1, info.state.messages)}
         if now - last_said >= 5:
             say(f"{stream}: {count}/{total} after {now - start:.0f}s, {len(flagged)} sources flagged stalled")
             last_said = now
@@ -182,7 +183,8 @@ async def floor_backlog(bus: Any, nodes: list[LedgerNode], total: int, name: str
     waited = await wait_sourced(bus, name, total)
     seconds = time.perf_counter() - start
     await bus.js.delete_stream(name)
-    return {"seconds": seconds, "sources_flagged_stalled_max": waited["sources_flagged_stalled_max"]}
+    return {"seconds": seconds, "sources_flagged_stalled_max": waited["sources_flagged_stalled_max"],
+            "bytes_per_message": waited["bytes_per_message"]}
 
 
 async def delete_floor_leaves(nodes: list[LedgerNode]) -> None:
@@ -210,7 +212,8 @@ async def fleet_backlog(bus: Any, nodes: list[LedgerNode], total: int, *, keep: 
     if not keep:
         await bus.js.delete_stream(name)
     return {"seconds": seconds, "create_ms": create_ms,
-            "sources_flagged_stalled_max": waited["sources_flagged_stalled_max"]}
+            "sources_flagged_stalled_max": waited["sources_flagged_stalled_max"],
+            "bytes_per_message": waited["bytes_per_message"]}
 
 
 async def grant_latencies(node: LedgerNode, samples: int) -> list[float]:
@@ -338,6 +341,10 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
         out["floor_backlog_events_per_s"] = floor_total * len(floor_runs) / floor_s
         out["floor_sources_flagged_stalled_max"] = max(r["sources_flagged_stalled_max"] for r in floor_runs)
         out["fleet_vs_floor"] = out["floor_backlog_events_per_s"] / out["backlog_events_per_s"]  # goal: <= 1.5
+        # what each message weighs in the hub's stream (record, subject and headers, as NATS counts them):
+        # the floor's records are the size nats-fleet-floor.md measured with, ours are what the relay sends
+        out["fleet_stored_bytes_per_event"] = round(fleet_runs[-1]["bytes_per_message"])
+        out["floor_stored_bytes_per_record"] = round(floor_runs[-1]["bytes_per_message"])
 
         say("join cost, then the recorder into SQLite and PostgreSQL")
         out["join_ms"] = await join_cost(bus, [100, 500, 1000])
