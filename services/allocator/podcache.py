@@ -38,6 +38,7 @@ class PodCache:
         self.resyncs = 0      # resyncs that replaced the cache (for tests and logs)
         self._due = asyncio.Event()  # a resync is due now (see kick())
         self._failures = 0  # resyncs failed in a row
+        self._during: list[PodChanged] | None = None  # notifications applied while a resync is asked
 
     async def start(self, timeout: float) -> None:
         await self.bus.subscribe(self.bus.subjects.pod_fact("*"), PodChanged, self._on_change)
@@ -50,7 +51,13 @@ class PodCache:
         self._due.set()
 
     async def resync(self, timeout: float) -> None:
-        """Replace the cache with the watchdog's view (notifications arriving meanwhile still apply)."""
+        """Replace the cache with the watchdog's view, then apply again the notifications that came
+        while it was asked: the reply can be handled after a notification the watchdog sent after it
+        (the request's answer resumes this coroutine a loop turn or two later than a notification
+        resumes its handler), and replacing would erase that pod. Replayed in order on top of the
+        view, each pod ends as its latest notification says (a change the view holds and the
+        replay does not is notified too, and applies when it comes)."""
+        self._during = []
         try:
             reply = await self.bus.request(self.bus.subjects.pods, PodsRequest(), PodsReply, timeout=timeout)
         except BusError as exc:
@@ -58,7 +65,12 @@ class PodCache:
                 _logger.info("pod cache not synced from the watchdog yet", error=str(exc), tries=self._failures + 1)
             self._failures += 1
             return
-        self.pods = {p.uid: p for p in reply.pods}
+        finally:
+            during, self._during = self._during, None
+        pods = {p.uid: p for p in reply.pods}
+        for change in during:
+            _apply(pods, change)
+        self.pods = pods
         self._failures = 0
         self.resyncs += 1
         await self._bump()
@@ -92,13 +104,19 @@ class PodCache:
         self.kick()
 
     async def _on_change(self, change: PodChanged) -> None:
-        if change.kind == "DELETED":
-            self.pods.pop(change.pod.uid, None)
-        else:
-            self.pods[change.pod.uid] = change.pod
+        _apply(self.pods, change)
+        if self._during is not None:
+            self._during.append(change)
         await self._bump()
 
     async def _bump(self) -> None:
         async with self._changed:
             self.version += 1
             self._changed.notify_all()
+
+
+def _apply(pods: dict[str, Pod], change: PodChanged) -> None:
+    if change.kind == "DELETED":
+        pods.pop(change.pod.uid, None)
+    else:
+        pods[change.pod.uid] = change.pod
