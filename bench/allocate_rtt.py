@@ -169,6 +169,28 @@ def free_base_port() -> int:
 
 # --- the run ------------------------------------------------------------------------------------
 
+async def start_helper(module: str, *args: str, started: list[asyncio.subprocess.Process]) -> None:
+    """``python -m module args`` (a floor: bench/echo_*.py), dying with this process, appended to
+    ``started`` at once (the caller stops it), once it has printed "ready"."""
+    helper = await start_in_own_session([sys.executable, "-m", module, *args], stdout=subprocess.PIPE)
+    started.append(helper)
+    assert helper.stdout
+    if (await asyncio.wait_for(helper.stdout.readline(), 60)).strip() != b"ready":
+        raise RuntimeError(f"{module} {' '.join(args)} did not start")
+
+
+async def stop_helpers(started: list[asyncio.subprocess.Process]) -> None:
+    """SIGTERM each helper still running; SIGKILL one that has not ended 10 s later."""
+    for helper in started:
+        if helper.returncode is None:
+            helper.terminate()
+            try:
+                await asyncio.wait_for(helper.wait(), 10)
+            except TimeoutError:
+                helper.kill()
+                await helper.wait()
+
+
 async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_level: str) -> dict[str, object]:
     driver = await start_in_own_session(
         [sys.executable, "-m", "bench.kubelet_driver", str(workdir), NODE],
@@ -192,11 +214,7 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
         for module, *args in (("bench.echo_ledger", str(workdir / "echo.db"), nats.url),
                               ("bench.echo_plugin", str(workdir / "dp")),
                               ("bench.echo_plugin", str(workdir / "dp"), "--bus", nats.url)):
-            helper = await start_in_own_session([sys.executable, "-m", module, *args], stdout=subprocess.PIPE)
-            helpers.append(helper)
-            assert helper.stdout
-            if (await asyncio.wait_for(helper.stdout.readline(), 60)).strip() != b"ready":
-                raise RuntimeError(f"{module} {' '.join(args)} did not start")
+            await start_helper(module, *args, started=helpers)
         ports = [base + PORT_OFFSETS["registrar"], base + PORT_OFFSETS["allocator"]]
         await wait_for_metrics(ports, 60)
         for phase in phases:
@@ -231,9 +249,7 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
         if driver.returncode is None:
             driver.kill()
             await driver.wait()
-        for helper in helpers:
-            helper.terminate()
-            await asyncio.wait_for(helper.wait(), 5)
+        await stop_helpers(helpers)
         if launcher is not None:
             await launcher.stop()
         await nats.stop()

@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
 
+from bench.echo_plugin import EchoPlugin, serve_registered
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from libs.vcuda import api_pb2 as vpb
 from libs.vcuda import api_pb2_grpc as vpb_grpc
 from libs.vcuda.config import VcudaConfig, encode
@@ -40,32 +38,9 @@ from libs.vcuda.config import VcudaConfig, encode
 CORE = "bench.gpuledger.io/floor-core"
 MEMORY = "bench.gpuledger.io/floor-memory"
 SOCKETS = {CORE: "bench-floor-core.sock", MEMORY: "bench-floor-memory.sock"}
-DEVICES = 1000
 # The share bench/pod_start.py asks for (10 cores, one 256 MiB block), written for every container.
 _LIMITS = {"limit": 10, "gpu_memory": 256 << 20, "utilization": 10, "hard_limit": 1,
            "driver_major": 535, "driver_minor": 104, "enable": 1}
-
-
-class EchoGpuPlugin(pb_grpc.DevicePluginServicer):
-    def __init__(self, resource: str, response: pb.ContainerAllocateResponse) -> None:
-        self.resource = resource
-        self.response = response if resource == CORE else pb.ContainerAllocateResponse()
-
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext
-                                     ) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(pre_start_required=self.resource == CORE)
-
-    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext
-                           ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"floor-{i}", health="Healthy") for i in range(DEVICES)])
-        await asyncio.Event().wait()  # the stream stays open, as a plugin's does
-
-    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
-        return pb.AllocateResponse(container_responses=[self.response for _ in request.container_requests])
-
-    async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
-                                ) -> pb.PreStartContainerResponse:
-        return pb.PreStartContainerResponse()
 
 
 class BareVcuda(vpb_grpc.VCUDAServiceServicer):
@@ -79,12 +54,8 @@ class BareVcuda(vpb_grpc.VCUDAServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a container id is required")
         container = self.directory / cid
         container.mkdir(exist_ok=True)
-        data = encode(VcudaConfig(pod_uid=request.pod_uid, container_name="c", **_LIMITS))
-        fd = os.open(container / "vcuda.config", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        (container / "vcuda.config").write_bytes(
+            encode(VcudaConfig(pod_uid=request.pod_uid, container_name="c", **_LIMITS)))
         return vpb.VDeviceResponse()
 
 
@@ -100,17 +71,10 @@ async def main(plugin_dir: Path, vcuda_dir: Path, response_file: Path) -> None:
     await vcuda.start()
     socket.chmod(0o777)  # the container's user may be anyone, as with gpuledger's sockets
     servers.append(vcuda)
-    for resource, name in SOCKETS.items():
-        server = grpc.aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(EchoGpuPlugin(resource, response), server)
-        (plugin_dir / name).unlink(missing_ok=True)
-        server.add_insecure_port(f"unix://{plugin_dir / name}")
-        await server.start()
-        servers.append(server)
-        async with grpc.aio.insecure_channel(f"unix://{plugin_dir / 'kubelet.sock'}") as ch:
-            await pb_grpc.RegistrationStub(ch).Register(pb.RegisterRequest(
-                version="v1beta1", endpoint=name, resource_name=resource,
-                options=pb.DevicePluginOptions(pre_start_required=resource == CORE)), timeout=10)
+    for resource, name in SOCKETS.items():  # the memory resource answers with nothing, as ours does
+        plugin = EchoPlugin(response=response if resource == CORE else pb.ContainerAllocateResponse(),
+                            pre_start_required=resource == CORE, id_prefix="floor")
+        servers.append(await serve_registered(plugin, plugin_dir, name, resource))
     print("ready", flush=True)
     await asyncio.gather(*(s.wait_for_termination() for s in servers))
 

@@ -45,38 +45,59 @@ _RESPONSE = pb.ContainerAllocateResponse(
 )
 
 
+DEVICES = 1000
+
+
 class EchoPlugin(pb_grpc.DevicePluginServicer):
-    def __init__(self, bus: Client | None = None) -> None:
+    """Answers every call at once: Allocate with ``response`` for each container (after one request to
+    the echo ledger when ``bus`` is given), PreStartContainer with nothing."""
+
+    def __init__(self, bus: Client | None = None, *, response: pb.ContainerAllocateResponse = _RESPONSE,
+                 pre_start_required: bool = False, id_prefix: str = "echo") -> None:
         self.bus = bus  # None: answer at once; else after one request to the echo ledger
+        self.response = response
+        self.options = pb.DevicePluginOptions(pre_start_required=pre_start_required)
+        self.id_prefix = id_prefix
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
     ) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions()
+        return self.options
 
     async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext
                            ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"echo-{i}", health="Healthy") for i in range(1000)])
+        yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"{self.id_prefix}-{i}", health="Healthy")
+                                               for i in range(DEVICES)])
         await asyncio.Event().wait()  # the stream stays open, as a plugin's does
 
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
         if self.bus is not None:
             ids = ",".join(d for c in request.container_requests for d in c.devices_ids)
             await self.bus.request(APPEND_SUBJECT, ids.encode(), timeout=10)
-        return pb.AllocateResponse(container_responses=[_RESPONSE for _ in request.container_requests])
+        return pb.AllocateResponse(container_responses=[self.response for _ in request.container_requests])
+
+    async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+                                ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+async def serve_registered(plugin: EchoPlugin, directory: Path, socket: str, resource: str) -> grpc.aio.Server:
+    """``plugin`` served on ``directory/socket`` and registered with the kubelet there as ``resource``."""
+    server = grpc.aio.server()
+    pb_grpc.add_DevicePluginServicer_to_server(plugin, server)
+    (directory / socket).unlink(missing_ok=True)
+    server.add_insecure_port(f"unix://{directory / socket}")
+    await server.start()
+    async with grpc.aio.insecure_channel(f"unix://{directory / 'kubelet.sock'}") as ch:
+        await pb_grpc.RegistrationStub(ch).Register(pb.RegisterRequest(
+            version="v1beta1", endpoint=socket, resource_name=resource, options=plugin.options), timeout=10)
+    return server
 
 
 async def main(directory: Path, bus_url: str | None) -> None:
     bus = await nats.connect(bus_url) if bus_url else None
     resource, socket = (DURABLE_RESOURCE, DURABLE_SOCKET) if bus else (RESOURCE, SOCKET)
-    server = grpc.aio.server()
-    pb_grpc.add_DevicePluginServicer_to_server(EchoPlugin(bus), server)
-    (directory / socket).unlink(missing_ok=True)
-    server.add_insecure_port(f"unix://{directory / socket}")
-    await server.start()
-    async with grpc.aio.insecure_channel(f"unix://{directory / 'kubelet.sock'}") as ch:
-        await pb_grpc.RegistrationStub(ch).Register(
-            pb.RegisterRequest(version="v1beta1", endpoint=socket, resource_name=resource), timeout=10)
+    server = await serve_registered(EchoPlugin(bus), directory, socket, resource)
     print("ready", flush=True)
     await server.wait_for_termination()
 

@@ -36,23 +36,22 @@ import platform
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.allocate_rtt import percentile, summary
+from bench.allocate_rtt import percentile, start_helper, stop_helpers, summary
 from bench.echo_gpu import CORE as FLOOR_CORE
 from bench.echo_gpu import MEMORY as FLOOR_MEMORY
+from bench.echo_plugin import DEVICES as FLOOR_DEVICES
 from bench.pod_start_cpu import CpuMeter
 from bench.pod_start_trace import Trace, install
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE
-from libs.lifeline import start_in_own_session
 from libs.logger import configure_logging
 from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
@@ -124,10 +123,10 @@ async def run(pods: int, breakdown: bool = False, services: str = "processes",
     root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
     try:
         with fake_gpus_on_host(root) as gpus:
-            times = await _measure(root, gpus, pods, services, trace, runtime_endpoint, meter, floor)
+            times, containerd_start = await _measure(root, gpus, pods, services, trace, runtime_endpoint, meter,
+                                                     floor)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    containerd_start = times.pop("containerd_start_s")
     gpu, plain = summary(NAMES["gpu"], times["gpu"]), summary(NAMES["plain"], times["plain"])
     result = {
         "machine": f"{platform.machine()} {platform.system()} {platform.release()}",
@@ -162,53 +161,40 @@ NAMES = {"gpu": "gpu pod (gpuledger)", "floor": "gpu pod (bare floor)", "plain":
 
 
 def floor_response(answered: dict[str, Any], vcuda_dir: Path) -> dict[str, Any]:
-    """The one container response of ``answered`` (an AllocateResponse as a dict, either spelling of
-    the field names), its ``/etc/vcuda`` mount's source replaced by ``vcuda_dir``; ``answered`` is
-    left as it was. ValueError when it holds other than one container response or no such mount."""
-    responses = answered.get("containerResponses", answered.get("container_responses", []))
+    """The one container response of ``answered`` (an AllocateResponse as the simulator's call log
+    keeps it: proto field names), its ``/etc/vcuda`` mount's source replaced by ``vcuda_dir``;
+    ``answered`` is left as it was. ValueError when it holds other than one container response or no
+    such mount."""
+    responses = answered.get("container_responses", [])
     if len(responses) != 1:
         raise ValueError(f"expected one container response, got {len(responses)}")
     container = copy.deepcopy(responses[0])
     for mount in container.get("mounts", []):
-        if mount.get("containerPath", mount.get("container_path")) == "/etc/vcuda":
-            mount["hostPath" if "hostPath" in mount else "host_path"] = str(vcuda_dir)
+        if mount.get("container_path") == "/etc/vcuda":
+            mount["host_path"] = str(vcuda_dir)
             return container
     raise ValueError(f"the response mounts nothing at /etc/vcuda: {container}")
 
 
-async def start_floor(root: Path, sim: NodeSimulator, out: Path) -> asyncio.subprocess.Process:
-    """bench/echo_gpu.py, answering with gpuledger's own Allocate response to the last warm-up GPU pod
-    (its vcuda directory replaced by the floor's), registered, and three warm-up floor pods started."""
+async def start_floor(root: Path, sim: NodeSimulator, out: Path, started: list[asyncio.subprocess.Process]) -> None:
+    """bench/echo_gpu.py (appended to ``started``), answering with gpuledger's own Allocate response to
+    the last warm-up GPU pod (its vcuda directory replaced by the floor's), registered, and three
+    warm-up floor pods started."""
     answered = next(c for c in reversed(sim.calls)
                     if c.method == "Allocate" and c.resource == RESOURCE_VCORE and c.ok)
     vcuda_dir = root / "floor-vcuda"
     response_file = root / "floor-response.json"
     response_file.write_text(json.dumps(floor_response(answered.response, vcuda_dir)))
-    plugin = await start_in_own_session(
-        [sys.executable, "-m", "bench.echo_gpu", str(root / "dp"), str(vcuda_dir), str(response_file)],
-        stdout=asyncio.subprocess.PIPE)
-    assert plugin.stdout
-    if (await asyncio.wait_for(plugin.stdout.readline(), 60)).strip() != b"ready":
-        raise RuntimeError("bench.echo_gpu did not start")
-    await sim.wait_for_resource(FLOOR_CORE, 1000, timeout=60)
+    await start_helper("bench.echo_gpu", str(root / "dp"), str(vcuda_dir), str(response_file), started=started)
+    await sim.wait_for_resource(FLOOR_CORE, FLOOR_DEVICES, timeout=60)
     for i in range(3):  # warm-up, not counted
         await start_one(sim, out, f"warm-floor-{i}", "floor")
-    return plugin
-
-
-async def stop_floor(plugin: asyncio.subprocess.Process) -> None:
-    if plugin.returncode is None:
-        plugin.terminate()
-        try:
-            await asyncio.wait_for(plugin.wait(), 10)
-        except TimeoutError:
-            plugin.kill()
-            await plugin.wait()
 
 
 async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: Trace | None,
-                   runtime_endpoint: bool, cpu: CpuMeter | None = None, floor: bool = True) -> dict[str, Any]:
-    """Each kind's start times (s), in the order run (gpu i, plain i, floor i), and containerd's start."""
+                   runtime_endpoint: bool, cpu: CpuMeter | None = None, floor: bool = True,
+                   ) -> tuple[dict[str, list[float]], float]:
+    """Each kind's start times (s), in the order run (gpu i, plain i, floor i), and containerd's start (s)."""
     from services.allocator import app as allocator_app
     from services.registrar import app as registrar_app
     from services.vmanager import app as vmanager_app
@@ -246,9 +232,10 @@ async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: 
                 await start_one(sim, out, f"warm-gpu-{i}", "gpu")
                 await start_one(sim, out, f"warm-plain-{i}", "plain")
             kinds = ["gpu", "plain"]
+            helpers: list[asyncio.subprocess.Process] = []
+            stack.push_async_callback(stop_helpers, helpers)
             if floor:
-                plugin = await start_floor(root, sim, out)
-                stack.push_async_callback(stop_floor, plugin)
+                await start_floor(root, sim, out, helpers)
                 kinds.append("floor")  # last: its teardown, not the GPU pod's, overlaps the next GPU pod's start
             if cpu is not None:
                 cpu.watch("broker", nats.pid)
@@ -257,15 +244,14 @@ async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: 
                 for child in launcher.children if services == "processes" else []:
                     cpu.watch(child.name, child.pid)
                 if floor:
-                    cpu.watch("floor plugin", plugin.pid)
-            times: dict[str, Any] = {kind: [] for kind in kinds}
+                    cpu.watch("floor plugin", helpers[0].pid)
+            times: dict[str, list[float]] = {kind: [] for kind in kinds}
             for i in range(pods):
                 for kind in kinds:
                     times[kind].append(await start_one(sim, out, f"{kind}-{i}", kind, trace=trace, cpu=cpu))
     finally:
         await nats.stop()
-    times["containerd_start_s"] = round(containerd_start, 3)
-    return times
+    return times, round(containerd_start, 3)
 
 
 def overhead_interval(gpu: list[float], plain: list[float], *, rounds: int = 2000,
