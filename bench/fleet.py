@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,20 +171,29 @@ def floor_leaf_stream(node: LedgerNode) -> str:
     return f"{FLOOR_STREAM}_{node.node.replace('-', '_')}"
 
 
+async def timed_sourcing(bus: Any, create: Callable[[], Awaitable[object]], name: str, total: int, *,
+                         keep: bool = False, on_poll: Callable[[], None] | None = None) -> dict[str, Any]:
+    """``create()`` (a hub stream ``name`` sourcing every leaf in one create), then wait until it holds
+    ``total``: wait_sourced's figures, with the seconds from the create on and the create's ms. The
+    stream is deleted after unless ``keep``."""
+    start = time.perf_counter()
+    await create()
+    create_ms = (time.perf_counter() - start) * 1e3
+    waited = await wait_sourced(bus, name, total, on_poll=on_poll)
+    seconds = time.perf_counter() - start
+    if not keep:
+        await bus.js.delete_stream(name)
+    return {**waited, "seconds": seconds, "create_ms": create_ms}
+
+
 async def floor_backlog(bus: Any, nodes: list[LedgerNode], total: int, name: str = FLOOR_STREAM) -> dict[str, Any]:
-    """A hub stream ``name`` sourcing every leaf's raw stream in one create: seconds until it holds all.
-    The hub stream is deleted after; the leaves' raw streams stay (``delete_floor_leaves``)."""
+    """A hub stream ``name`` sourcing every leaf's raw stream, timed and deleted; the leaves' raw
+    streams stay (``delete_floor_leaves``)."""
     sources = [api.StreamSource(name=floor_leaf_stream(n),
                                 external=api.ExternalStream(api=f"$JS.{node_domain(n.node)}.API", deliver=""))
                for n in nodes]
-    start = time.perf_counter()
-    await bus.js.add_stream(api.StreamConfig(name=name, storage=api.StorageType.FILE, num_replicas=3,
-                                             sources=sources))
-    waited = await wait_sourced(bus, name, total)
-    seconds = time.perf_counter() - start
-    await bus.js.delete_stream(name)
-    return {"seconds": seconds, "sources_flagged_stalled_max": waited["sources_flagged_stalled_max"],
-            "bytes_per_message": waited["bytes_per_message"]}
+    config = api.StreamConfig(name=name, storage=api.StorageType.FILE, num_replicas=3, sources=sources)
+    return await timed_sourcing(bus, lambda: bus.js.add_stream(config), name, total)
 
 
 async def delete_floor_leaves(nodes: list[LedgerNode]) -> None:
@@ -195,25 +204,15 @@ async def delete_floor_leaves(nodes: list[LedgerNode]) -> None:
 
 async def fleet_backlog(bus: Any, nodes: list[LedgerNode], total: int, *, keep: bool,
                         on_poll: Callable[[], None] | None = None) -> dict[str, Any]:
-    """The fleet stream (the product's config, every node a source, one create): seconds until it
-    holds all. ``keep``: the real fleet stream, kept for the recorder; else the same config under
-    another name, deleted after."""
-    start = time.perf_counter()
+    """The fleet stream (the product's config, every node a source, one create), timed. ``keep``: the
+    real fleet stream, kept for the recorder; else the same config under another name, deleted after."""
+    names = [n.node for n in nodes]
     if keep:
-        await ensure_fleet_stream(bus.js, [n.node for n in nodes])
-        name = FLEET_STREAM
-    else:
-        config = fleet_stream_config([n.node for n in nodes])
-        config.name = name = f"{FLEET_STREAM}_TRIAL"
-        await bus.js.add_stream(config)
-    create_ms = (time.perf_counter() - start) * 1e3
-    waited = await wait_sourced(bus, name, total, on_poll=on_poll)
-    seconds = time.perf_counter() - start
-    if not keep:
-        await bus.js.delete_stream(name)
-    return {"seconds": seconds, "create_ms": create_ms,
-            "sources_flagged_stalled_max": waited["sources_flagged_stalled_max"],
-            "bytes_per_message": waited["bytes_per_message"]}
+        return await timed_sourcing(bus, lambda: ensure_fleet_stream(bus.js, names), FLEET_STREAM, total,
+                                    keep=True, on_poll=on_poll)
+    config = fleet_stream_config(names)
+    config.name = f"{FLEET_STREAM}_TRIAL"
+    return await timed_sourcing(bus, lambda: bus.js.add_stream(config), config.name, total, on_poll=on_poll)
 
 
 async def grant_latencies(node: LedgerNode, samples: int) -> list[float]:
@@ -306,27 +305,22 @@ async def run(nodes_n: int, events: int, root: Path) -> dict[str, Any]:
                 peak[i] = max(peak[i], rss_mib(s.pid))
 
         say("floor's data: raw records on every leaf")
+        floor_total = nodes_n * events
         start = time.perf_counter()
         for k in range(0, nodes_n, 10):
             await asyncio.gather(*(floor_fill(n, events) for n in nodes[k:k + 10]))
-        out["floor_fill_events_per_s"] = nodes_n * events / (time.perf_counter() - start)
-        floor_total = nodes_n * events
+        out["floor_fill_events_per_s"] = floor_total / (time.perf_counter() - start)
 
         # The first hub stream to source every leaf on a fresh cluster is the slower, whichever it is
         # (50 x 2,000: the fleet 6.8 s first, 5.4 s second; the floor 4.6 s first, 3.8 s second): a
         # warm-up that is not counted, then fleet, floor, floor, fleet, so drift falls on both alike.
         say("warm-up (not counted): a hub stream sourcing every leaf's raw records")
         await floor_backlog(bus, nodes, floor_total, name=f"{FLOOR_STREAM}_WARMUP")
-        fleet_runs, floor_runs = [], []
-        for phase in ("fleet", "floor", "floor", "fleet"):
-            keep = phase == "fleet" and len(fleet_runs) == 1  # the last: the real fleet stream, kept
-            say(f"backlog: {phase} ({'the fleet stream' if phase == 'fleet' else 'raw records'}), "
-                f"{total if phase == 'fleet' else floor_total} events from {nodes_n} nodes")
-            if phase == "fleet":
-                fleet_runs.append(await fleet_backlog(bus, nodes, total, keep=keep,
-                                                      on_poll=sample_rss if keep else None))
-            else:
-                floor_runs.append(await floor_backlog(bus, nodes, floor_total))
+        say(f"backlog, in the order fleet, floor, floor, fleet: {total} events of the fleet stream, "
+            f"{floor_total} raw records, from {nodes_n} nodes")
+        fleet_runs = [await fleet_backlog(bus, nodes, total, keep=False)]
+        floor_runs = [await floor_backlog(bus, nodes, floor_total) for _ in range(2)]
+        fleet_runs.append(await fleet_backlog(bus, nodes, total, keep=True, on_poll=sample_rss))  # the recorder's
         await delete_floor_leaves(nodes)
         fleet_s, floor_s = sum(r["seconds"] for r in fleet_runs), sum(r["seconds"] for r in floor_runs)
         out["create_ms"] = fleet_runs[-1]["create_ms"]
