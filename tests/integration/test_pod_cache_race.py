@@ -52,6 +52,7 @@ async def test_a_notification_handled_before_a_stale_resync_answer_stays(nats_se
 
     try:
         await watchdog.serve(watchdog.subjects.pods, PodsRequest, pods)
+        await watchdog.flush()  # the broker has the subscription before the allocator asks
         cache = PodCache(allocator)
         await cache.start(timeout=5)  # first sync, from the watchdog's view
         assert set(cache.pods) == {"uid-old"}
