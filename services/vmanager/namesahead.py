@@ -71,7 +71,9 @@ class NamesAhead:
         self._parents_watched = False  # the QoS parents, or where a missing one will be made
         self._watched_parents: set[str] = set()  # those of QOS_PARENTS watched now
         self._pod_watches: dict[str, set[int]] = {}
-        self._sandbox_next: set[int] = set()  # pod cgroups watched empty: the next child is the sandbox's
+        # pod cgroup watch -> its sandbox's cgroup: the name found when the watch was placed, or None
+        # (the pod cgroup was empty: the next child made is the sandbox's)
+        self._sandbox: dict[int, str | None] = {}
         self._expected: set[str] = set()
         # container id -> (its pod, the runtime's answer, asked when its cgroup appeared)
         self._known: OrderedDict[str, tuple[str, asyncio.Task[ContainerRef | None]]] = OrderedDict()
@@ -180,9 +182,9 @@ class NamesAhead:
             # The kubelet starts a pod's sandbox before any of its containers (a new sandbox, new
             # containers): a pod cgroup's oldest child is the sandbox's, of which the runtime knows no
             # container. Still to come when the pod cgroup is empty.
+            # A sandbox made between the watch and this look is seen here and by its event too.
             children = self._children(f"{self.hierarchy}/{rel}")
-            if not children:
-                self._sandbox_next.add(wd)
+            self._sandbox[wd] = children[0] if children else None
             for name in children[1:]:  # containers made before the watch was in place
                 self._appeared(_child(rel, name), pod_uid)
         elif not pod_uid and fresh:  # a QoS parent (or its ancestor) made meanwhile: its children too
@@ -218,7 +220,7 @@ class NamesAhead:
 
     def _forget_watch(self, wd: int) -> None:
         rel, pod_uid = self._dirs.pop(wd, (None, ""))
-        self._sandbox_next.discard(wd)
+        self._sandbox.pop(wd, None)
         if pod_uid:
             self._pod_watches.get(pod_uid, set()).discard(wd)
         elif rel is not None:
@@ -240,9 +242,9 @@ class NamesAhead:
             if where is None or not event.name or not event.mask & flags.ISDIR:
                 continue
             rel, pod_uid = where
-            if event.wd in self._sandbox_next:
-                self._sandbox_next.discard(event.wd)
-            elif pod_uid:
+            if event.wd in self._sandbox and self._sandbox.pop(event.wd) in (None, event.name):
+                continue  # the pod's first child: its sandbox's cgroup
+            if pod_uid:
                 self._appeared(_child(rel, event.name), pod_uid)
             else:
                 self._made(_child(rel, event.name), event.name)
