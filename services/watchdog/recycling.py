@@ -126,9 +126,13 @@ class Recycler:
         if not pod.wants_gpu:
             return
         if kind == "DELETED":
-            # Not awaited: the release costs the allocator a durable append, and the next event (often
-            # the ADDED of the pod the kubelet is about to admit) must not wait behind it.
-            self._in_background(self.release(pod.uid, "deleted"))
+            # Released already when it stopped (its MODIFIED came first): asking again would cost a
+            # bus round trip that releases nothing. A release that failed took the pod out of
+            # _released (a later pass retries), so DELETED releases it here.
+            if pod.uid not in self._released:
+                # Not awaited: the release costs the allocator a durable append, and the next event
+                # (often the ADDED of the pod the kubelet is about to admit) must not wait behind it.
+                self._in_background(self.release(pod.uid, "deleted"))
             self._released.discard(pod.uid)
             if self.admission is not None:
                 self.admission.forget(pod.uid)

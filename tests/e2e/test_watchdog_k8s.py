@@ -5,6 +5,7 @@ annotation repair and node labels."""
 from __future__ import annotations
 
 import asyncio
+import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,34 @@ async def test_a_pod_deleted_while_the_watchdog_was_down_is_released_with_a_reas
     assert {a.pod_name for a in (await wnode.snapshot()).allocations} == {"kept"}
     await wnode.passes(2)
     assert len(wnode.tap.of("alloc.released")) == 1  # the running pod is never touched
+
+
+async def test_a_deleted_pod_is_released_once(wnode: WatchdogNode) -> None:
+    """A deleted pod is MODIFIED (deletionTimestamp, containers stopped), then DELETED: released at the
+    first, the second asks the allocator nothing more (it used to ask again, to release nothing)."""
+    pod = await wnode.run_pod(gpu_pod("once", ("c", 50, 1)))
+    assert pod["status"]["phase"] == "Running"
+    watcher = await nats.connect(wnode.settings.nats_url)
+    try:
+        asked = await watcher.subscribe(wnode.bus.subjects.release)  # a copy of each release request
+        deleted = await watcher.subscribe(wnode.bus.subjects.pod_fact("deleted"))
+        await watcher.flush()
+        await wnode.sim.delete_pod("default", "once")
+        released = await wnode.tap.wait("alloc.released", 1)
+        assert released[0].data["pod_uid"] == pod["metadata"]["uid"]
+        await deleted.next_msg(timeout=10)  # the DELETED has been handled (its fact goes out first)
+        await wnode.passes(1)  # time enough for a second request to come
+        await watcher.flush()
+        requests = []
+        while True:
+            try:
+                requests.append(await asked.next_msg(timeout=0.2))
+            except nats.errors.TimeoutError:
+                break
+        assert [json.loads(m.data)["pod_uid"] for m in requests] == [pod["metadata"]["uid"]]
+        assert len(wnode.tap.of("alloc.released")) == 1
+    finally:
+        await watcher.close()
 
 
 async def test_an_owned_pod_that_failed_admission_is_deleted_and_a_naked_one_kept(wnode: WatchdogNode) -> None:
