@@ -22,15 +22,21 @@ async def hub(short_dir: Path) -> AsyncIterator[HubCluster]:
 
 
 @pytest.fixture
-async def postgres() -> AsyncIterator[PostgresServer]:
-    """A real PostgreSQL server; skipped (one line) without Debian's postgresql package, unless
+def postgres_bin() -> Path:
+    """PostgreSQL's binaries; skipped (one line) without Debian's postgresql package, unless
     GPULEDGER_REQUIRE_POSTGRES=1 (CI), which makes a missing package a failure."""
     bindir = postgres_bindir()
     if bindir is None:
         if os.environ.get(REQUIRE_POSTGRES) == "1":
             pytest.fail("PostgreSQL is required (GPULEDGER_REQUIRE_POSTGRES=1) but not installed")
         pytest.skip("needs PostgreSQL (Debian's postgresql package)")
-    server = PostgresServer(bindir)
+    return bindir
+
+
+@pytest.fixture
+async def postgres(postgres_bin: Path) -> AsyncIterator[PostgresServer]:
+    """A real PostgreSQL server (see ``postgres_bin``)."""
+    server = PostgresServer(postgres_bin)
     try:
         await server.start()
         yield server
