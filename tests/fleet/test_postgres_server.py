@@ -38,6 +38,15 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _shared_memory_id(data: Path) -> int | None:
+    """The System V segment a running postmaster records in its pid file (line 7: key, then id); a
+    postmaster that is killed leaves it behind, so the test removes it."""
+    try:
+        return int((data / "postmaster.pid").read_text().splitlines()[6].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _processes_under(root: Path) -> list[int]:
     """Processes whose command line names ``root`` (the postmaster and its children name its data dir)."""
     found = []
@@ -56,12 +65,15 @@ async def test_the_server_dies_with_a_killed_parent(postgres_bin: Path) -> None:
     holder = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _HOLDER, str(postgres_bin), cwd=REPO, stdout=asyncio.subprocess.PIPE)
     root: Path | None = None
+    segment: int | None = None
     try:
         assert holder.stdout is not None
         line = (await asyncio.wait_for(holder.stdout.readline(), 60)).decode().split()
         assert len(line) == 2, f"the holder did not start a server: {line!r}"
         root, postmaster = Path(line[0]), int(line[1])
         assert _running(postmaster)
+        segment = await _recorded_segment(root / "data")
+        assert segment is not None, "no shared memory segment in postmaster.pid (removed after the kill)"
         assert postmaster in _processes_under(root)
 
         holder.kill()  # no cleanup of its own runs
@@ -75,4 +87,17 @@ async def test_the_server_dies_with_a_killed_parent(postgres_bin: Path) -> None:
         if root is not None:
             for pid in _processes_under(root):  # only when the assertion above failed
                 os.kill(pid, signal.SIGKILL)
+            if segment is not None:
+                ipcrm = await asyncio.create_subprocess_exec(
+                    "ipcrm", "-m", str(segment), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+                await ipcrm.wait()
             shutil.rmtree(root, ignore_errors=True)
+
+
+async def _recorded_segment(data: Path) -> int | None:
+    """The postmaster writes its segment's line once it is ready; a few tries while it is not yet."""
+    for _ in range(50):
+        if (segment := _shared_memory_id(data)) is not None:
+            return segment
+        await asyncio.sleep(0.1)
+    return None
