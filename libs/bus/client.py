@@ -53,6 +53,11 @@ RECONNECT_FAST_S = 0.05
 RECONNECT_FAST_FOR_S = 2.0
 RECONNECT_MAX_WAIT_S = 2.0
 RECONNECT_LOG_EVERY_S = 5.0  # during an outage, one "still cannot reach" line at most this often
+# close() lets the subscriptions' queued messages be handled for this long (nats-py's own drain
+# timeout: cancelling its drain from outside leaves a gather whose error asyncio reports as never
+# retrieved), and gives up for good a few seconds later still.
+DRAIN_TIMEOUT_S = 4.0
+CLOSE_MARGIN_S = 3.0
 
 
 class Bus:
@@ -120,6 +125,7 @@ class Bus:
             max_reconnect_attempts=-1,
             reconnect_time_wait=RECONNECT_WAIT_S,
             connect_timeout=2,
+            drain_timeout=DRAIN_TIMEOUT_S,
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
@@ -312,7 +318,7 @@ class Bus:
         if self._nc.is_closed:
             return
         try:
-            await asyncio.wait_for(self._nc.drain(), timeout=5)
+            await asyncio.wait_for(self._nc.drain(), timeout=self._nc.options["drain_timeout"] + CLOSE_MARGIN_S)
         except (TimeoutError, nats.errors.Error):
             with contextlib.suppress(OSError):  # the server is gone: the socket may already be reset
                 await self._nc.close()
