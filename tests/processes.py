@@ -1,5 +1,6 @@
 """Agent commands run as their own processes (`python -m gpuledger ...`): start one, read its output
-until a line, stop it with a signal within a bound."""
+until a line, stop it with a signal within a bound; and the processes still running that name a path
+(what a test must not leave behind)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["STOP_TIMEOUT", "free_port", "start", "stop", "wait_line"]
+__all__ = ["STOP_TIMEOUT", "free_port", "processes_mentioning", "start", "stop", "wait_line"]
 
 # Generous: the machine may be loaded. The promptness itself (~2 s) is shown by the measured time
 # in the assertion message, not asserted tightly.
@@ -24,6 +25,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """``"pid: command line"`` of every other process whose command line holds ``text`` (a zombie's is
+    empty: it is not counted)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if text in cmd and int(pid) != os.getpid():
+                found.append(f"{pid}: {cmd[:160]}")
+    return found
 
 
 async def start(args: list[str], state: Path) -> asyncio.subprocess.Process:

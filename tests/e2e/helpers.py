@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import msgspec
@@ -40,6 +40,8 @@ from simulator import NodeSimulator, SimConfig
 from tests.builders import NODE, gpu_pod
 from tests.builders.cgroups import enter_container
 from tests.polling import eventually
+
+_M = TypeVar("_M")
 
 
 @dataclass
@@ -197,20 +199,26 @@ class WatchdogNode(Node):
 # -- pod identity: two pods the kubelet admits in the opposite order of their predicate times --------------
 
 @contextlib.asynccontextmanager
-async def prepares_seen(node: Node) -> AsyncIterator[list[PrepareRequest]]:
-    """The vmanager.prepare requests sent on the bus meanwhile (a copy of each, as the vmanager gets it)."""
-    seen: list[PrepareRequest] = []
+async def seen_on(node: Node, subject: str, kind: type[_M]) -> AsyncIterator[list[_M]]:
+    """The messages sent on ``subject`` meanwhile, decoded as ``kind`` (a copy of each, as its
+    subscribers get it); all in by the end of the block."""
+    seen: list[_M] = []
 
-    async def keep(req: PrepareRequest) -> None:
-        seen.append(req)
+    async def keep(message: _M) -> None:
+        seen.append(message)
 
-    sub = await node.bus.subscribe(node.bus.subjects.prepare, PrepareRequest, keep)
+    sub = await node.bus.subscribe(subject, kind, keep)
     await node.bus.flush()
     try:
         yield seen
         await node.bus.flush()
     finally:
         await sub.unsubscribe()
+
+
+def prepares_seen(node: Node) -> AbstractAsyncContextManager[list[PrepareRequest]]:
+    """The vmanager.prepare requests sent on the bus meanwhile (a copy of each, as the vmanager gets it)."""
+    return seen_on(node, node.bus.subjects.prepare, PrepareRequest)
 
 
 async def prestart(node: Node, ids: list[str]) -> None:

@@ -5,7 +5,6 @@ annotation repair and node labels."""
 from __future__ import annotations
 
 import asyncio
-import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -14,13 +13,13 @@ import nats
 import pytest
 
 from libs.bus.server import NatsServer
-from libs.commands import PodChanged
+from libs.commands import PodChanged, ReleaseRequest
 from libs.kube.pods import RESOURCE_VCORE
 from services.watchdog import annotations as watchdog_annotations
 from services.watchdog import app as watchdog_app
 from services.watchdog.labels import MANAGED_ANNOTATION, MODEL_LABEL
 from tests.builders import gpu_pod, settings_for
-from tests.e2e.helpers import WatchdogNode, base_node
+from tests.e2e.helpers import WatchdogNode, base_node, seen_on
 from tests.polling import eventually
 
 
@@ -53,27 +52,17 @@ async def test_a_deleted_pod_is_released_once(wnode: WatchdogNode) -> None:
     first, the second asks the allocator nothing more (it used to ask again, to release nothing)."""
     pod = await wnode.run_pod(gpu_pod("once", ("c", 50, 1)))
     assert pod["status"]["phase"] == "Running"
-    watcher = await nats.connect(wnode.settings.nats_url)
-    try:
-        asked = await watcher.subscribe(wnode.bus.subjects.release)  # a copy of each release request
-        deleted = await watcher.subscribe(wnode.bus.subjects.pod_fact("deleted"))
-        await watcher.flush()
+    subjects = wnode.bus.subjects
+    async with seen_on(wnode, subjects.release, ReleaseRequest) as asked, \
+            seen_on(wnode, subjects.pod_fact("deleted"), PodChanged) as deleted:
         await wnode.sim.delete_pod("default", "once")
         released = await wnode.tap.wait("alloc.released", 1)
         assert released[0].data["pod_uid"] == pod["metadata"]["uid"]
-        await deleted.next_msg(timeout=10)  # the DELETED has been handled (its fact goes out first)
+        # the DELETED has been handled (its fact goes out first)
+        await eventually(lambda: deleted, timeout=10, interval=0.05, what="the pod's DELETED")
         await wnode.passes(1)  # time enough for a second request to come
-        await watcher.flush()
-        requests = []
-        while True:
-            try:
-                requests.append(await asked.next_msg(timeout=0.2))
-            except nats.errors.TimeoutError:
-                break
-        assert [json.loads(m.data)["pod_uid"] for m in requests] == [pod["metadata"]["uid"]]
-        assert len(wnode.tap.of("alloc.released")) == 1
-    finally:
-        await watcher.close()
+    assert [r.pod_uid for r in asked] == [pod["metadata"]["uid"]]
+    assert len(wnode.tap.of("alloc.released")) == 1
 
 
 async def test_an_owned_pod_that_failed_admission_is_deleted_and_a_naked_one_kept(wnode: WatchdogNode) -> None:

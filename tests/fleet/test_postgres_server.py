@@ -10,7 +10,9 @@ import signal
 import sys
 from pathlib import Path
 
+from libs.lifeline import process_alive
 from tests.polling import eventually
+from tests.processes import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,14 +32,6 @@ asyncio.run(main())
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _shared_memory_id(data: Path) -> int | None:
     """The System V segment a running postmaster records in its pid file (line 7: key, then id); a
     postmaster that is killed leaves it behind, so the test removes it."""
@@ -47,57 +41,38 @@ def _shared_memory_id(data: Path) -> int | None:
         return None
 
 
-def _processes_under(root: Path) -> list[int]:
-    """Processes whose command line names ``root`` (the postmaster and its children name its data dir)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if str(root).encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return [pid for pid in found if _running(pid)]
-
-
 async def test_the_server_dies_with_a_killed_parent(postgres_bin: Path) -> None:
     holder = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _HOLDER, str(postgres_bin), cwd=REPO, stdout=asyncio.subprocess.PIPE)
     root: Path | None = None
+    postmaster = 0
     segment: int | None = None
     try:
         assert holder.stdout is not None
         line = (await asyncio.wait_for(holder.stdout.readline(), 60)).decode().split()
         assert len(line) == 2, f"the holder did not start a server: {line!r}"
         root, postmaster = Path(line[0]), int(line[1])
-        assert _running(postmaster)
-        segment = await _recorded_segment(root / "data")
-        assert segment is not None, "no shared memory segment in postmaster.pid (removed after the kill)"
-        assert postmaster in _processes_under(root)
+        assert process_alive(postmaster)
+        # written once the postmaster is ready
+        await eventually(lambda: _shared_memory_id(root / "data") is not None, timeout=5, interval=0.1,
+                         what="the shared memory segment in postmaster.pid (removed after the kill)")
+        segment = _shared_memory_id(root / "data")
+        assert any(p.startswith(f"{postmaster}:") for p in processes_mentioning(str(root)))
 
         holder.kill()  # no cleanup of its own runs
         await holder.wait()
-        await eventually(lambda: not _processes_under(root), timeout=15, interval=0.1,
+        await eventually(lambda: not processes_mentioning(str(root)), timeout=15, interval=0.1,
                          what="the postmaster and its children gone after their parent's SIGKILL")
     finally:
         if holder.returncode is None:
             holder.kill()
             await holder.wait()
         if root is not None:
-            for pid in _processes_under(root):  # only when the assertion above failed
-                os.kill(pid, signal.SIGKILL)
+            if process_alive(postmaster):  # only when the assertion above failed; its children follow
+                os.kill(postmaster, signal.SIGKILL)
             if segment is not None:
                 ipcrm = await asyncio.create_subprocess_exec(
                     "ipcrm", "-m", str(segment), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
                 await ipcrm.wait()
             shutil.rmtree(root, ignore_errors=True)
 
-
-async def _recorded_segment(data: Path) -> int | None:
-    """The postmaster writes its segment's line once it is ready; a few tries while it is not yet."""
-    for _ in range(50):
-        if (segment := _shared_memory_id(data)) is not None:
-            return segment
-        await asyncio.sleep(0.1)
-    return None

@@ -5,8 +5,6 @@ as real containers (containerd + runc through CRI). The fake GPU device nodes ar
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +17,7 @@ from simulator.runtime.cri import cri
 from simulator.runtime.fakegpus import FakeGpus
 from simulator.runtime.leftovers import cgroup_mounts
 from tests.e2e.helpers import wait_for_gpu_resources
+from tests.processes import processes_mentioning
 
 NODE = "rt-node"
 VCUDA_SOCK = "/etc/vcuda/vcuda.sock"  # where the Allocate response mounts the pod's directory
@@ -123,16 +122,6 @@ def pod_cgroup_dirs(uid: str) -> list[str]:
             path = Path(mount) / level / f"pod{uid}"
             if path.exists():
                 found.append(str(path))
-    return found
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if text in cmd and int(pid) != os.getpid():
-                found.append(f"{pid}: {cmd[:160]}")
     return found
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from simulator.runtime import Containerd, hostlock
 from simulator.runtime.leftovers import RUN_CONTAINERD
-from tests.runtime.helpers import mounts_under, pod_cgroup_dirs, processes_mentioning
+from tests.processes import processes_mentioning
+from tests.runtime.helpers import mounts_under, pod_cgroup_dirs
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.runtime.helpers import mounts_under, pod_cgroup_dirs, processes_mentioning
+from tests.processes import processes_mentioning
+from tests.runtime.helpers import mounts_under, pod_cgroup_dirs
 
 
 def test_demo_runs_its_pods_as_real_containers(short_dir: Path) -> None:
