@@ -48,6 +48,9 @@ class Leftovers:
     run_containerd_created: bool = False
     remove_work: bool = False
 
+    def __post_init__(self) -> None:
+        self._mounts: list[str] | None = None  # the cgroup mounts, read once (not saved)
+
     def save(self) -> None:
         data = asdict(self)
         data["path"] = str(self.path)
@@ -68,11 +71,20 @@ class Leftovers:
         parts = parent.strip("/").split("/")[:-1]
         for i in range(len(parts)):
             level = "/" + "/".join(parts[: i + 1])
+            if self._mounts is None:
+                self._mounts = cgroup_mounts()
             if level not in self.created_cgroups and not any(
-                    (Path(m) / level.lstrip("/")).exists() for m in cgroup_mounts()):
+                    (Path(m) / level.lstrip("/")).exists() for m in self._mounts):
                 self.created_cgroups.append(level)
         self.cgroup_parents.append(parent)
         self.save()
+
+    def drop_cgroup_parent(self, parent: str) -> None:
+        """The pod's cgroups are gone: stop naming them, so the record holds the pods still there and
+        is not rewritten whole, ever longer, at every pod a long run starts. Written with the next
+        save: until then the file names cgroups that are gone, which the cleaning skips."""
+        with contextlib.suppress(ValueError):
+            self.cgroup_parents.remove(parent)
 
     def add_dev_node(self, path: str) -> None:
         if path not in self.dev_nodes:

@@ -257,7 +257,9 @@ class PodRuntime:
                     await call(entry.sandbox_id)
                 except grpc.aio.AioRpcError as err:
                     _logger.warning("sandbox teardown failed", pod=uid, error=err.details())
-            await asyncio.to_thread(remove_pod_cgroups, entry.cgroup_parent)
+            left = await asyncio.to_thread(remove_pod_cgroups, entry.cgroup_parent)
+            if not left:  # what remains stays named, for the end of the run (or the reaper) to remove
+                self.leftovers.drop_cgroup_parent(entry.cgroup_parent)
         self._locks.pop(uid, None)
         _logger.info("pod removed from the runtime", pod=uid)
 

@@ -10,14 +10,22 @@ from pathlib import Path
 from tests.runtime.helpers import RtNode, gpu_container, pod, pod_cgroup_dirs
 
 
+def _named_for_removal(node: RtNode, uid: str) -> bool:
+    """The pod's cgroup parent is in the run's record of what it made outside its temp dir."""
+    return any(parent.endswith(f"/pod{uid}") for parent in node.sim.runtime.containerd.leftovers.cgroup_parents)
+
+
 async def _deleted_cleanly(node: RtNode, name: str, uid: str) -> None:
     sandbox = node.sim.runtime.pods.sandbox_id(uid)
     assert sandbox
+    assert _named_for_removal(node, uid)
     await node.sim.delete_pod("default", name)
     assert node.sim.get_pod("default", name) is None
     assert await node.client.list_containers(sandbox) == []  # stopped and removed
     assert all(s.id != sandbox for s in await node.client.list_pod_sandboxes())
     assert pod_cgroup_dirs(uid) == []
+    # and no longer named among what the run must remove at its end (a long run's record stays short)
+    assert not _named_for_removal(node, uid)
     await node.wait_no_allocations()
     pod_dir = Path(node.settings.vm_root) / uid
     async with asyncio.timeout(20):
