@@ -451,6 +451,34 @@ def postgres_bindir() -> Path | None:
     return Path(on_path).parent if on_path else None
 
 
+# The cleaner of a PostgresServer's temp dir, as ``python -I -S -c`` (argv[1]: the dir). It waits
+# for end of file on its stdin: its parent closed it, or died however it died (SIGKILL included).
+# Then, once the postmaster named in the pid file is gone (killed by its parent-death signal), the
+# System V segment a killed postmaster leaves (line 7 of the pid file: key, then id) and the dir.
+_PG_REAPER = """
+import os, shutil, subprocess, sys, time
+root = sys.argv[1]
+sys.stdin.buffer.read()
+try:
+    lines = open(os.path.join(root, "data", "postmaster.pid")).read().splitlines()
+except OSError:
+    lines = []
+def alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+if lines and lines[0].isdigit():
+    deadline = time.monotonic() + 10
+    while alive(int(lines[0])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shm = lines[6].split() if len(lines) > 6 else []
+    if len(shm) == 2 and shm[1].isdigit():
+        subprocess.run(["ipcrm", "-m", shm[1]], capture_output=True, timeout=10)
+shutil.rmtree(root, ignore_errors=True)
+"""
+
+
 class PostgresServer:
     """A throw-away PostgreSQL server in a temp dir (initdb, then postgres on a loopback port).
 
@@ -458,15 +486,23 @@ class PostgresServer:
     as ``nobody``. Every command starts through ``setpriv``, which changes the user (as root) and arms
     the parent-death signal, then execs the command in place: the postmaster is this process's own
     child and is SIGKILLed by the kernel when this process goes, however it goes (a benchmark or a
-    test run killed by a timeout left it running, under runuser)."""
+    test run killed by a timeout left it running, under runuser). A cleaner process started with the
+    temp dir removes the dir (gigabytes after a full ``bench.fleet``) and the shared memory the killed
+    postmaster leaves, when this process goes without ``stop()``."""
 
     def __init__(self, bindir: Path) -> None:
+        import subprocess
+        import sys
         import tempfile
 
         self.bindir = bindir
         self.root = Path(tempfile.mkdtemp(prefix="glpg", dir="/tmp"))
         self.port = free_ports(1)[0]
         self._proc: asyncio.subprocess.Process | None = None
+        # its own session: a Ctrl-C to the test's process group must not stop the cleaner first
+        self._reaper = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PG_REAPER, str(self.root)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
 
     @property
     def url(self) -> str:
@@ -518,3 +554,17 @@ class PostgresServer:
                 self._proc.kill()
                 await self._proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
+        await self._stop_reaper()
+
+    async def _stop_reaper(self) -> None:
+        """End the cleaner: its stdin closed, it finds the dir gone and exits."""
+        import subprocess
+
+        reaper = self._reaper
+        if reaper.stdin is not None and not reaper.stdin.closed:
+            reaper.stdin.close()
+        try:
+            await asyncio.to_thread(reaper.wait, 15)
+        except subprocess.TimeoutExpired:
+            reaper.kill()
+            await asyncio.to_thread(reaper.wait)

@@ -1,5 +1,6 @@
 """The tests' throw-away PostgreSQL server dies with the process that started it, however that process
-ends: a benchmark or test run killed by a timeout must not leave a postmaster running."""
+ends: a benchmark or test run killed by a timeout must not leave a postmaster running, nor its temp
+dir, nor the System V shared memory a killed postmaster leaves."""
 
 from __future__ import annotations
 
@@ -34,11 +35,17 @@ asyncio.run(main())
 
 def _shared_memory_id(data: Path) -> int | None:
     """The System V segment a running postmaster records in its pid file (line 7: key, then id); a
-    postmaster that is killed leaves it behind, so the test removes it."""
+    postmaster that is killed leaves it behind."""
     try:
         return int((data / "postmaster.pid").read_text().splitlines()[6].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _shared_memory_ids() -> set[int]:
+    """The System V shared memory segments that exist now."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return {int(line.split()[1]) for line in lines if line.strip()}
 
 
 async def test_the_server_dies_with_a_killed_parent(postgres_bin: Path) -> None:
@@ -63,14 +70,16 @@ async def test_the_server_dies_with_a_killed_parent(postgres_bin: Path) -> None:
         await holder.wait()
         await eventually(lambda: not processes_mentioning(str(root)), timeout=15, interval=0.1,
                          what="the postmaster and its children gone after their parent's SIGKILL")
+        await eventually(lambda: not root.exists() and segment not in _shared_memory_ids(), timeout=15,
+                         interval=0.1, what="the server's temp dir and shared memory removed by its cleaner")
     finally:
         if holder.returncode is None:
             holder.kill()
             await holder.wait()
-        if root is not None:
-            if process_alive(postmaster):  # only when the assertion above failed; its children follow
+        if root is not None:  # only when an assertion above failed
+            if process_alive(postmaster):  # its children follow
                 os.kill(postmaster, signal.SIGKILL)
-            if segment is not None:
+            if segment in _shared_memory_ids():
                 ipcrm = await asyncio.create_subprocess_exec(
                     "ipcrm", "-m", str(segment), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
                 await ipcrm.wait()
