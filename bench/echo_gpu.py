@@ -15,7 +15,14 @@ So a floor pod goes through the same kubelet admission (two Allocates, a PreStar
 CreateContainer (devices, mounts), the same registration from inside; the GPU pod's start minus the
 floor pod's is what gpuledger's own work costs.
 
-    python -m bench.echo_gpu DEVICE_PLUGIN_DIR VCUDA_DIR RESPONSE_FILE   (prints "ready" once registered)
+With ``--bus URL`` it is the durable floor instead (resources ``bench.gpuledger.io/durable-core`` and
+``-memory``): the core Allocate first makes one NATS request to bench/echo_ledger.py (one fsync'd
+SQLite append, then the reply), as bench/echo_plugin.py's durable floor does for the Allocate
+benchmark: the least that gpuledger's promise (a grant on disk before the kubelet has its answer)
+adds to the floor.
+
+    python -m bench.echo_gpu DEVICE_PLUGIN_DIR VCUDA_DIR RESPONSE_FILE [--bus URL]
+    (prints "ready" once registered)
 
 RESPONSE_FILE: a ContainerAllocateResponse in protobuf JSON (``MessageToJson``).
 """
@@ -27,6 +34,7 @@ import asyncio
 from pathlib import Path
 
 import grpc
+import nats
 from google.protobuf import json_format
 
 from bench.echo_plugin import EchoPlugin, serve_registered
@@ -37,7 +45,17 @@ from libs.vcuda.config import VcudaConfig, encode
 
 CORE = "bench.gpuledger.io/floor-core"
 MEMORY = "bench.gpuledger.io/floor-memory"
-SOCKETS = {CORE: "bench-floor-core.sock", MEMORY: "bench-floor-memory.sock"}
+DURABLE_CORE = "bench.gpuledger.io/durable-core"
+DURABLE_MEMORY = "bench.gpuledger.io/durable-memory"
+
+
+def resources(durable: bool) -> tuple[str, str]:
+    """The (core, memory) resources of the floor, or of the durable floor."""
+    return (DURABLE_CORE, DURABLE_MEMORY) if durable else (CORE, MEMORY)
+
+
+def socket_name(resource: str) -> str:
+    return "bench-" + resource.rpartition("/")[2] + ".sock"
 # The share bench/pod_start.py asks for (10 cores, one 256 MiB block), written for every container.
 _LIMITS = {"limit": 10, "gpu_memory": 256 << 20, "utilization": 10, "hard_limit": 1,
            "driver_major": 535, "driver_minor": 104, "enable": 1}
@@ -59,8 +77,10 @@ class BareVcuda(vpb_grpc.VCUDAServiceServicer):
         return vpb.VDeviceResponse()
 
 
-async def main(plugin_dir: Path, vcuda_dir: Path, response_file: Path) -> None:
+async def main(plugin_dir: Path, vcuda_dir: Path, response_file: Path, bus_url: str | None = None) -> None:
     response = json_format.Parse(response_file.read_text(), pb.ContainerAllocateResponse())
+    bus = await nats.connect(bus_url) if bus_url else None
+    core, memory = resources(durable=bus is not None)
     vcuda_dir.mkdir(parents=True, exist_ok=True)
     servers = []
     vcuda = grpc.aio.server()
@@ -71,10 +91,11 @@ async def main(plugin_dir: Path, vcuda_dir: Path, response_file: Path) -> None:
     await vcuda.start()
     socket.chmod(0o777)  # the container's user may be anyone, as with gpuledger's sockets
     servers.append(vcuda)
-    for resource, name in SOCKETS.items():  # the memory resource answers with nothing, as ours does
-        plugin = EchoPlugin(response=response if resource == CORE else pb.ContainerAllocateResponse(),
-                            pre_start_required=resource == CORE, id_prefix="floor")
-        servers.append(await serve_registered(plugin, plugin_dir, name, resource))
+    for resource in (core, memory):  # the memory resource answers with nothing, as ours does
+        plugin = EchoPlugin(bus if resource == core else None,
+                            response=response if resource == core else pb.ContainerAllocateResponse(),
+                            pre_start_required=resource == core, id_prefix="floor")
+        servers.append(await serve_registered(plugin, plugin_dir, socket_name(resource), resource))
     print("ready", flush=True)
     await asyncio.gather(*(s.wait_for_termination() for s in servers))
 
@@ -84,5 +105,6 @@ if __name__ == "__main__":
     parser.add_argument("plugin_dir", type=Path)
     parser.add_argument("vcuda_dir", type=Path)
     parser.add_argument("response_file", type=Path)
+    parser.add_argument("--bus", default=None, help="NATS URL: be the durable floor (see the module's text)")
     args = parser.parse_args()
-    asyncio.run(main(args.plugin_dir, args.vcuda_dir, args.response_file))
+    asyncio.run(main(args.plugin_dir, args.vcuda_dir, args.response_file, args.bus))

@@ -17,12 +17,17 @@ the plain pod's is what the contract itself costs (two Allocates, PreStartContai
 mounts, the registration from inside); the GPU pod's minus the floor's is gpuledger's own work. Pods
 run as GPU i, plain i, floor i, so the GPU pod's teardown still overlaps the plain pod's start, as
 before the floor was added.
+
+The durable floor, a fourth kind with ``--durable-floor``: the floor whose core Allocate first makes
+one NATS request answered after one fsync'd SQLite append (bench/echo_ledger.py), the least that
+gpuledger's promise adds to the floor. It runs last (GPU i, plain i, floor i, durable i).
 The four services run as their own processes (``gpuledger up``'s way), or in this process with
 ``--services in-process`` (as in tests/runtime); needs root + containerd.
 Printed with the p50 overhead: its 95 % bootstrap interval over the run's pairs of pods, since one
 run's p50 moves by a few percent from run to run on a busy machine.
 
-    python -m bench.pod_start [--pods 100] [--no-floor] [--cpu] [--no-runtime-endpoint] [--json out.json]
+    python -m bench.pod_start [--pods 100] [--no-floor] [--durable-floor] [--cpu] [--no-runtime-endpoint]
+                              [--json out.json]
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from typing import Any
 
 from bench.allocate_rtt import percentile, start_helper, stop_helpers, summary
 from bench.echo_gpu import CORE as FLOOR_CORE
+from bench.echo_gpu import DURABLE_CORE, DURABLE_MEMORY, resources
 from bench.echo_gpu import MEMORY as FLOOR_MEMORY
 from bench.echo_plugin import DEVICES as FLOOR_DEVICES
 from bench.pod_start_cpu import CpuMeter
@@ -74,6 +80,7 @@ PLAIN_SCRIPT = "touch /out/$POD_NAME; trap 'exit 0' TERM; sleep 2147483647 & wai
 LIMITS = {  # kind -> what its container asks for; "floor": bench/echo_gpu.py's resources, the same share
     "gpu": {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"},
     "floor": {FLOOR_CORE: "10", FLOOR_MEMORY: "1"},
+    "durable": {DURABLE_CORE: "10", DURABLE_MEMORY: "1"},
     "plain": {},
 }
 
@@ -117,14 +124,15 @@ async def start_one(sim: NodeSimulator, out: Path, name: str, kind: str, timeout
 
 
 async def run(pods: int, breakdown: bool = False, services: str = "processes",
-              runtime_endpoint: bool = True, cpu: bool = False, floor: bool = True) -> dict[str, Any]:
+              runtime_endpoint: bool = True, cpu: bool = False, floor: bool = True,
+              durable: bool = False) -> dict[str, Any]:
     trace = install() if breakdown else None
     meter = CpuMeter() if cpu else None
     root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
     try:
         with fake_gpus_on_host(root) as gpus:
             times, containerd_start = await _measure(root, gpus, pods, services, trace, runtime_endpoint, meter,
-                                                     floor)
+                                                     floor, durable)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     gpu, plain = summary(NAMES["gpu"], times["gpu"]), summary(NAMES["plain"], times["plain"])
@@ -146,6 +154,12 @@ async def run(pods: int, breakdown: bool = False, services: str = "processes",
         result["floor_p50_overhead_ci95_pct"] = list(overhead_interval(times["floor"], times["plain"]))
         result["floor_paired_extra_ms"] = paired_median_ms(times["floor"], times["plain"])
         result["gpu_over_floor_paired_ms"] = paired_median_ms(times["gpu"], times["floor"])
+    if "durable" in times:
+        du = result["durable"] = summary(NAMES["durable"], times["durable"])
+        result["durable_p50_overhead_pct"] = round(100 * (du["p50_ms"] / plain["p50_ms"] - 1), 1)
+        result["durable_p50_overhead_ci95_pct"] = list(overhead_interval(times["durable"], times["plain"]))
+        result["durable_paired_extra_ms"] = paired_median_ms(times["durable"], times["plain"])
+        result["gpu_over_durable_paired_ms"] = paired_median_ms(times["gpu"], times["durable"])
     if trace:
         result["breakdown_median_ms"] = trace.table()
     if meter:
@@ -157,7 +171,8 @@ def paired_median_ms(a: list[float], b: list[float]) -> float:
     return round(1000 * statistics.median(x - y for x, y in zip(a, b, strict=True)), 2)
 
 
-NAMES = {"gpu": "gpu pod (gpuledger)", "floor": "gpu pod (bare floor)", "plain": "pod without GPUs"}
+NAMES = {"gpu": "gpu pod (gpuledger)", "floor": "gpu pod (bare floor)", "durable": "gpu pod (durable floor)",
+         "plain": "pod without GPUs"}
 
 
 def floor_response(answered: dict[str, Any], vcuda_dir: Path) -> dict[str, Any]:
@@ -176,24 +191,31 @@ def floor_response(answered: dict[str, Any], vcuda_dir: Path) -> dict[str, Any]:
     raise ValueError(f"the response mounts nothing at /etc/vcuda: {container}")
 
 
-async def start_floor(root: Path, sim: NodeSimulator, out: Path, started: list[asyncio.subprocess.Process]) -> None:
+async def start_floor(root: Path, sim: NodeSimulator, out: Path, started: list[asyncio.subprocess.Process],
+                      bus_url: str | None = None) -> None:
     """bench/echo_gpu.py (appended to ``started``), answering with gpuledger's own Allocate response to
     the last warm-up GPU pod (its vcuda directory replaced by the floor's), registered, and three
-    warm-up floor pods started."""
+    warm-up floor pods started. With ``bus_url``: the durable floor, bench/echo_ledger.py started first."""
+    kind = "durable" if bus_url else "floor"
     answered = next(c for c in reversed(sim.calls)
                     if c.method == "Allocate" and c.resource == RESOURCE_VCORE and c.ok)
-    vcuda_dir = root / "floor-vcuda"
-    response_file = root / "floor-response.json"
+    vcuda_dir = root / f"{kind}-vcuda"
+    response_file = root / f"{kind}-response.json"
     response_file.write_text(json.dumps(floor_response(answered.response, vcuda_dir)))
-    await start_helper("bench.echo_gpu", str(root / "dp"), str(vcuda_dir), str(response_file), started=started)
-    await sim.wait_for_resource(FLOOR_CORE, FLOOR_DEVICES, timeout=60)
+    extra: tuple[str, ...] = ()
+    if bus_url:
+        await start_helper("bench.echo_ledger", str(root / "durable.db"), bus_url, started=started)
+        extra = ("--bus", bus_url)
+    await start_helper("bench.echo_gpu", str(root / "dp"), str(vcuda_dir), str(response_file), *extra,
+                       started=started)
+    await sim.wait_for_resource(resources(durable=bus_url is not None)[0], FLOOR_DEVICES, timeout=60)
     for i in range(3):  # warm-up, not counted
-        await start_one(sim, out, f"warm-floor-{i}", "floor")
+        await start_one(sim, out, f"warm-{kind}-{i}", kind)
 
 
 async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: Trace | None,
                    runtime_endpoint: bool, cpu: CpuMeter | None = None, floor: bool = True,
-                   ) -> tuple[dict[str, list[float]], float]:
+                   durable: bool = False) -> tuple[dict[str, list[float]], float]:
     """Each kind's start times (s), in the order run (gpu i, plain i, floor i), and containerd's start (s)."""
     from services.allocator import app as allocator_app
     from services.registrar import app as registrar_app
@@ -237,6 +259,9 @@ async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: 
             if floor:
                 await start_floor(root, sim, out, helpers)
                 kinds.append("floor")  # last: its teardown, not the GPU pod's, overlaps the next GPU pod's start
+            if durable:
+                await start_floor(root, sim, out, helpers, bus_url=nats.url)
+                kinds.append("durable")
             if cpu is not None:
                 cpu.watch("broker", nats.pid)
                 cpu.watch("containerd", sim.runtime.containerd.pid)
@@ -245,6 +270,9 @@ async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: 
                     cpu.watch(child.name, child.pid)
                 if floor:
                     cpu.watch("floor plugin", helpers[0].pid)
+                if durable:
+                    cpu.watch("durable ledger", helpers[-2].pid)
+                    cpu.watch("durable plugin", helpers[-1].pid)
             times: dict[str, list[float]] = {kind: [] for kind in kinds}
             for i in range(pods):
                 for kind in kinds:
@@ -290,6 +318,9 @@ def main() -> None:
     parser.add_argument("--no-floor", dest="floor", action="store_false",
                         help="leave out the third kind of pod: a GPU pod through bench/echo_gpu.py, a bare plugin "
                              "and vcuda.sock that do none of gpuledger's work (the floor of what the contract costs)")
+    parser.add_argument("--durable-floor", dest="durable", action="store_true",
+                        help="add a fourth kind of pod: the floor whose Allocate makes one NATS request answered "
+                             "after one fsync'd append (bench/echo_ledger.py), what gpuledger's promise costs at least")
     args = parser.parse_args()
     reason = runtime_unavailable_reason()
     if reason:
@@ -297,10 +328,10 @@ def main() -> None:
     configure_logging("bench", fmt="console", level="warning")
     try:
         result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint, args.cpu,
-                                 args.floor))
+                                 args.floor, args.durable))
     except RuntimeBusy as exc:
         raise SystemExit(f"bench.pod_start: {exc}") from None
-    for key in ("gpu", "floor", "plain"):
+    for key in ("gpu", "floor", "durable", "plain"):
         if key not in result:
             continue
         r = result[key]
@@ -317,6 +348,12 @@ def main() -> None:
               f"{low} to {high} %), {result['floor_paired_extra_ms']} ms per pod (median of floor pod i - plain "
               f"pod i); gpuledger's own work: {result['gpu_over_floor_paired_ms']} ms per pod "
               f"(median of GPU pod i - floor pod i)")
+    if "durable" in result:
+        low, high = result["durable_p50_overhead_ci95_pct"]
+        print(f"the durable floor (bench/echo_gpu.py --bus) adds {result['durable_p50_overhead_pct']}% at p50 "
+              f"(95 % interval {low} to {high} %), {result['durable_paired_extra_ms']} ms per pod (median of "
+              f"durable pod i - plain pod i); gpuledger beyond it: {result['gpu_over_durable_paired_ms']} ms "
+              f"per pod (median of GPU pod i - durable pod i)")
     for kind, steps in (result.get("breakdown_median_ms") or {}).items():
         print(f"-- {kind}: median ms per step (@step: ms after create_pod when it began)")
         for step, ms in steps.items():

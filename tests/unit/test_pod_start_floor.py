@@ -39,3 +39,14 @@ def test_only_the_vcuda_mount_moves_and_the_answer_is_left_as_it_was() -> None:
 def test_a_response_the_floor_cannot_mirror_is_refused(answered: dict) -> None:
     with pytest.raises(ValueError):
         floor_response(answered, Path("/f"))
+
+
+def test_the_floor_and_the_durable_floor_register_apart() -> None:
+    """Both floors run beside each other in one run: four resources, four plugin sockets."""
+    from bench.echo_gpu import CORE, DURABLE_CORE, DURABLE_MEMORY, MEMORY, resources, socket_name
+
+    assert resources(durable=False) == (CORE, MEMORY)
+    assert resources(durable=True) == (DURABLE_CORE, DURABLE_MEMORY)
+    names = {socket_name(r) for r in (*resources(durable=False), *resources(durable=True))}
+    assert len(names) == 4 and all(n.startswith("bench-") and n.endswith(".sock") for n in names)
+    assert socket_name(CORE) == "bench-floor-core.sock"  # as before the durable floor
