@@ -148,18 +148,14 @@ async def run(pods: int, breakdown: bool = False, services: str = "processes",
         # GPU pod i and plain pod i start back to back: their difference drifts less with the machine
         "paired_extra_ms": paired_median_ms(times["gpu"], times["plain"]),
     }
-    if "floor" in times:
-        fl = result["floor"] = summary(NAMES["floor"], times["floor"])
-        result["floor_p50_overhead_pct"] = round(100 * (fl["p50_ms"] / plain["p50_ms"] - 1), 1)
-        result["floor_p50_overhead_ci95_pct"] = list(overhead_interval(times["floor"], times["plain"]))
-        result["floor_paired_extra_ms"] = paired_median_ms(times["floor"], times["plain"])
-        result["gpu_over_floor_paired_ms"] = paired_median_ms(times["gpu"], times["floor"])
-    if "durable" in times:
-        du = result["durable"] = summary(NAMES["durable"], times["durable"])
-        result["durable_p50_overhead_pct"] = round(100 * (du["p50_ms"] / plain["p50_ms"] - 1), 1)
-        result["durable_p50_overhead_ci95_pct"] = list(overhead_interval(times["durable"], times["plain"]))
-        result["durable_paired_extra_ms"] = paired_median_ms(times["durable"], times["plain"])
-        result["gpu_over_durable_paired_ms"] = paired_median_ms(times["gpu"], times["durable"])
+    for floor_kind in ("floor", "durable"):
+        if floor_kind not in times:
+            continue
+        fl = result[floor_kind] = summary(NAMES[floor_kind], times[floor_kind])
+        result[f"{floor_kind}_p50_overhead_pct"] = round(100 * (fl["p50_ms"] / plain["p50_ms"] - 1), 1)
+        result[f"{floor_kind}_p50_overhead_ci95_pct"] = list(overhead_interval(times[floor_kind], times["plain"]))
+        result[f"{floor_kind}_paired_extra_ms"] = paired_median_ms(times[floor_kind], times["plain"])
+        result[f"gpu_over_{floor_kind}_paired_ms"] = paired_median_ms(times["gpu"], times[floor_kind])
     if trace:
         result["breakdown_median_ms"] = trace.table()
     if meter:
@@ -342,18 +338,14 @@ def main() -> None:
           f"{result['p99_overhead_pct']}% at p99, "
           f"{result['paired_extra_ms']} ms per pod (median of GPU pod i - plain pod i) "
           f"(containerd start {result['containerd_start_s']} s)")
-    if "floor" in result:
-        low, high = result["floor_p50_overhead_ci95_pct"]
-        print(f"the bare floor (bench/echo_gpu.py) adds {result['floor_p50_overhead_pct']}% at p50 (95 % interval "
-              f"{low} to {high} %), {result['floor_paired_extra_ms']} ms per pod (median of floor pod i - plain "
-              f"pod i); gpuledger's own work: {result['gpu_over_floor_paired_ms']} ms per pod "
-              f"(median of GPU pod i - floor pod i)")
-    if "durable" in result:
-        low, high = result["durable_p50_overhead_ci95_pct"]
-        print(f"the durable floor (bench/echo_gpu.py --bus) adds {result['durable_p50_overhead_pct']}% at p50 "
-              f"(95 % interval {low} to {high} %), {result['durable_paired_extra_ms']} ms per pod (median of "
-              f"durable pod i - plain pod i); gpuledger beyond it: {result['gpu_over_durable_paired_ms']} ms "
-              f"per pod (median of GPU pod i - durable pod i)")
+    for floor_kind, what, beyond in (("floor", "the bare floor (bench/echo_gpu.py)", "gpuledger's own work"),
+                                     ("durable", "the durable floor (bench/echo_gpu.py --bus)", "gpuledger beyond it")):
+        if floor_kind in result:
+            low, high = result[f"{floor_kind}_p50_overhead_ci95_pct"]
+            print(f"{what} adds {result[f'{floor_kind}_p50_overhead_pct']}% at p50 (95 % interval {low} to {high} %), "
+                  f"{result[f'{floor_kind}_paired_extra_ms']} ms per pod (median of {floor_kind} pod i - plain pod i); "
+                  f"{beyond}: {result[f'gpu_over_{floor_kind}_paired_ms']} ms per pod "
+                  f"(median of GPU pod i - {floor_kind} pod i)")
     for kind, steps in (result.get("breakdown_median_ms") or {}).items():
         print(f"-- {kind}: median ms per step (@step: ms after create_pod when it began)")
         for step, ms in steps.items():
