@@ -310,8 +310,19 @@ class Bus:
         return sub
 
     async def flush(self, timeout: float = 5.0) -> None:
-        """Wait until the server has processed everything sent so far (subscriptions included)."""
-        await self._nc.flush(timeout=timeout)
+        """Wait until the server has processed everything sent so far (subscriptions included).
+
+        nats-py writes its flush's PING straight to the socket, while what was sent just before (a
+        subscription) may still wait in its buffer for the task that writes it a loop turn later: the
+        PONG could then come before the server had the subscription, and another connection's request
+        sent right after found no responder (a CI failure of tests/integration/test_pod_cache_race.py).
+        So the buffer goes out first."""
+        async with asyncio.timeout(timeout):
+            turns = 0
+            while self._nc.pending_data_size and self._nc.is_connected and not self._nc.is_connecting:
+                await asyncio.sleep(0 if turns < 10 else 0.001)  # the writer task runs on the next turn
+                turns += 1
+            await self._nc.flush(timeout=max(timeout, 1))
 
     async def close(self) -> None:
         """Drain the connection: every subscription made through this bus ends, pending messages first."""

@@ -14,7 +14,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from libs.bus import Bus, NatsServer
-from libs.commands import PodChanged
+from libs.commands import PodChanged, PodsReply, PodsRequest
 from libs.events.codec import StoredEvent, to_record
 from libs.events.schema import AllocationReleased, GpuHealthChanged
 from libs.kube.pods import Pod
@@ -184,3 +184,25 @@ async def test_closing_with_a_stuck_handler_is_bounded_and_leaves_no_unretrieved
         assert not [r for r in reported if "never retrieved" in r], reported
     finally:
         loop.set_exception_handler(previous)
+
+
+async def test_a_flushed_subscription_answers_another_connection_at_once(nats_server: NatsServer) -> None:
+    """After ``serve`` and ``flush``, a request from another connection finds its responder, every
+    time: the flush's PING no longer overtakes the subscription (the broker answered 503, no
+    responders, in one CI run of the pod cache's race test)."""
+    responder = await Bus.connect(nats_server.url, name="responder", node="n1")
+    asker = await Bus.connect(nats_server.url, name="asker", node="n1")
+
+    async def answer(req: PodsRequest) -> PodsReply:
+        return PodsReply(pods=[])
+
+    try:
+        for i in range(300):
+            subject = f"{responder.subjects.prefix}.flushed.{i}"
+            await responder.serve(subject, PodsRequest, answer)
+            await responder.flush()
+            reply = await asker.request(subject, PodsRequest(), PodsReply, timeout=5)
+            assert reply.pods == [], i
+    finally:
+        await asker.close()
+        await responder.close()
