@@ -451,32 +451,7 @@ def postgres_bindir() -> Path | None:
     return Path(on_path).parent if on_path else None
 
 
-# The cleaner of a PostgresServer's temp dir, as ``python -I -S -c`` (argv[1]: the dir). It waits
-# for end of file on its stdin: its parent closed it, or died however it died (SIGKILL included).
-# Then, once the postmaster named in the pid file is gone (killed by its parent-death signal), the
-# System V segment a killed postmaster leaves (line 7 of the pid file: key, then id) and the dir.
-_PG_REAPER = """
-import os, shutil, subprocess, sys, time
-root = sys.argv[1]
-sys.stdin.buffer.read()
-try:
-    lines = open(os.path.join(root, "data", "postmaster.pid")).read().splitlines()
-except OSError:
-    lines = []
-def alive(pid):
-    try:
-        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-if lines and lines[0].isdigit():
-    deadline = time.monotonic() + 10
-    while alive(int(lines[0])) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    shm = lines[6].split() if len(lines) > 6 else []
-    if len(shm) == 2 and shm[1].isdigit():
-        subprocess.run(["ipcrm", "-m", shm[1]], capture_output=True, timeout=10)
-shutil.rmtree(root, ignore_errors=True)
-"""
+REPO = Path(__file__).resolve().parents[2]
 
 
 class PostgresServer:
@@ -499,10 +474,11 @@ class PostgresServer:
         self.root = Path(tempfile.mkdtemp(prefix="glpg", dir="/tmp"))
         self.port = free_ports(1)[0]
         self._proc: asyncio.subprocess.Process | None = None
-        # its own session: a Ctrl-C to the test's process group must not stop the cleaner first
-        self._reaper = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PG_REAPER, str(self.root)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        # tests/fleet/pg_cleaner.py, in a session of its own: a Ctrl-C to the test's process group
+        # must not stop it first
+        self._cleaner = subprocess.Popen([sys.executable, "-m", "tests.fleet.pg_cleaner", str(self.root)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
 
     @property
     def url(self) -> str:
@@ -554,17 +530,6 @@ class PostgresServer:
                 self._proc.kill()
                 await self._proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
-        await self._stop_reaper()
+        from simulator.runtime.leftovers import stop_reaper  # the cleaner ends as the runtime's reaper does
 
-    async def _stop_reaper(self) -> None:
-        """End the cleaner: its stdin closed, it finds the dir gone and exits."""
-        import subprocess
-
-        reaper = self._reaper
-        if reaper.stdin is not None and not reaper.stdin.closed:
-            reaper.stdin.close()
-        try:
-            await asyncio.to_thread(reaper.wait, 15)
-        except subprocess.TimeoutExpired:
-            reaper.kill()
-            await asyncio.to_thread(reaper.wait)
+        await asyncio.to_thread(stop_reaper, self._cleaner)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
 
 from libs.lifeline import process_alive
+from tests.fleet.pg_cleaner import clean, shared_memory_id
 from tests.polling import eventually
 from tests.processes import processes_mentioning
 
@@ -33,15 +33,6 @@ asyncio.run(main())
 """
 
 
-def _shared_memory_id(data: Path) -> int | None:
-    """The System V segment a running postmaster records in its pid file (line 7: key, then id); a
-    postmaster that is killed leaves it behind."""
-    try:
-        return int((data / "postmaster.pid").read_text().splitlines()[6].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _shared_memory_ids() -> set[int]:
     """The System V shared memory segments that exist now."""
     lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
@@ -61,9 +52,9 @@ async def test_the_server_dies_with_a_killed_parent(postgres_bin: Path) -> None:
         root, postmaster = Path(line[0]), int(line[1])
         assert process_alive(postmaster)
         # written once the postmaster is ready
-        await eventually(lambda: _shared_memory_id(root / "data") is not None, timeout=5, interval=0.1,
+        await eventually(lambda: shared_memory_id(root / "data") is not None, timeout=5, interval=0.1,
                          what="the shared memory segment in postmaster.pid (removed after the kill)")
-        segment = _shared_memory_id(root / "data")
+        segment = shared_memory_id(root / "data")
         assert any(p.startswith(f"{postmaster}:") for p in processes_mentioning(str(root)))
 
         holder.kill()  # no cleanup of its own runs
@@ -79,9 +70,5 @@ async def test_the_server_dies_with_a_killed_parent(postgres_bin: Path) -> None:
         if root is not None:  # only when an assertion above failed
             if process_alive(postmaster):  # its children follow
                 os.kill(postmaster, signal.SIGKILL)
-            if segment in _shared_memory_ids():
-                ipcrm = await asyncio.create_subprocess_exec(
-                    "ipcrm", "-m", str(segment), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-                await ipcrm.wait()
-            shutil.rmtree(root, ignore_errors=True)
+            await asyncio.to_thread(clean, root)  # the segment and the dir, as the cleaner would
 
