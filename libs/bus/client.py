@@ -322,7 +322,7 @@ class Bus:
             while self._nc.pending_data_size and self._nc.is_connected and not self._nc.is_connecting:
                 await asyncio.sleep(0 if turns < 10 else 0.001)  # the writer task runs on the next turn
                 turns += 1
-            await self._nc.flush(timeout=max(timeout, 1))
+            await self._nc.flush(timeout=timeout)
 
     async def close(self) -> None:
         """Drain the connection: every subscription made through this bus ends, pending messages first."""
