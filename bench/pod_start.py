@@ -48,16 +48,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.allocate_rtt import percentile, start_helper, stop_helpers, summary
-from bench.echo_gpu import CORE as FLOOR_CORE
-from bench.echo_gpu import DURABLE_CORE, DURABLE_MEMORY, resources
-from bench.echo_gpu import MEMORY as FLOOR_MEMORY
+from bench.echo_gpu import resources
 from bench.echo_plugin import DEVICES as FLOOR_DEVICES
 from bench.pod_start_cpu import CpuMeter
 from bench.pod_start_trace import Trace, install
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
-from libs.kube.pods import RESOURCE_VCORE
+from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.logger import configure_logging
 from simulator import NodeSimulator, SimConfig
 from simulator.runtime import runtime_unavailable_reason
@@ -77,10 +75,11 @@ GPU_SCRIPT = (
 PLAIN_SCRIPT = "touch /out/$POD_NAME; trap 'exit 0' TERM; sleep 2147483647 & wait"
 
 
-LIMITS = {  # kind -> what its container asks for; "floor": bench/echo_gpu.py's resources, the same share
-    "gpu": {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"},
-    "floor": {FLOOR_CORE: "10", FLOOR_MEMORY: "1"},
-    "durable": {DURABLE_CORE: "10", DURABLE_MEMORY: "1"},
+_SHARE = ("10", "1")  # cores, 256 MiB blocks
+LIMITS = {  # kind -> what its container asks for; the floors: bench/echo_gpu.py's resources, the same share
+    "gpu": dict(zip((RESOURCE_VCORE, RESOURCE_VMEMORY), _SHARE, strict=True)),
+    "floor": dict(zip(resources(durable=False), _SHARE, strict=True)),
+    "durable": dict(zip(resources(durable=True), _SHARE, strict=True)),
     "plain": {},
 }
 
@@ -212,7 +211,8 @@ async def start_floor(root: Path, sim: NodeSimulator, out: Path, started: list[a
 async def _measure(root: Path, gpus: FakeGpus, pods: int, services: str, trace: Trace | None,
                    runtime_endpoint: bool, cpu: CpuMeter | None = None, floor: bool = True,
                    durable: bool = False) -> tuple[dict[str, list[float]], float]:
-    """Each kind's start times (s), in the order run (gpu i, plain i, floor i), and containerd's start (s)."""
+    """Each kind's start times (s), in the order run (gpu i, plain i, floor i, durable i), and containerd's
+    start (s)."""
     from services.allocator import app as allocator_app
     from services.registrar import app as registrar_app
     from services.vmanager import app as vmanager_app

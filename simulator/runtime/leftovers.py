@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -48,8 +49,10 @@ class Leftovers:
     run_containerd_created: bool = False
     remove_work: bool = False
 
-    def __post_init__(self) -> None:
-        self._mounts: list[str] | None = None  # the cgroup mounts, read once (not saved)
+    @functools.cached_property
+    def _mounts(self) -> list[str]:
+        """The cgroup mounts, read once (not saved)."""
+        return cgroup_mounts()
 
     def save(self) -> None:
         data = asdict(self)
@@ -71,8 +74,6 @@ class Leftovers:
         parts = parent.strip("/").split("/")[:-1]
         for i in range(len(parts)):
             level = "/" + "/".join(parts[: i + 1])
-            if self._mounts is None:
-                self._mounts = cgroup_mounts()
             if level not in self.created_cgroups and not any(
                     (Path(m) / level.lstrip("/")).exists() for m in self._mounts):
                 self.created_cgroups.append(level)
