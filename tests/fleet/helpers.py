@@ -8,6 +8,7 @@ import json
 import secrets
 import socket
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -147,7 +148,21 @@ class HubCluster:
         await self.servers[index].kill()
 
     async def restart(self, index: int, timeout: float = 30.0) -> None:
+        """Start a stopped server again and return once every running server's JetStream is current:
+        a rejoining server catches up on the meta group and the streams first, and a JetStream request
+        it serves before then is answered 503 "temporarily unavailable" (CI saw it)."""
+        started = time.monotonic()
         await self.servers[index].start(timeout)
+        await eventually(lambda: all(self._healthy(spec) for spec in self._running()),
+                         timeout=max(timeout - (time.monotonic() - started), 1.0), interval=0.1,
+                         what=f"JetStream current on every running server after {self.specs[index].name} restarted")
+
+    def _healthy(self, spec: HubServer) -> bool:
+        """The server's /healthz: 200 once its JetStream has a meta leader and its streams are current."""
+        try:
+            return self._monitor(spec, "healthz").get("status") == "ok"
+        except urllib.error.HTTPError:  # 503 while it catches up
+            return False
 
     async def stop(self) -> None:
         await asyncio.gather(*(s.stop() for s in self.servers), return_exceptions=True)
