@@ -76,18 +76,18 @@ class HubCluster:
                           nodes=list(self.logins.values()), system_password=self.system_password)
 
     async def wait_jetstream(self, timeout: float) -> None:
-        """Until the JetStream meta group has a leader (a stream can be created)."""
-        bus = await self.recorder_bus()
+        """Until every running server's /healthz says ok: its JetStream is in contact with a meta leader
+        and its streams are current. A server that starts, or rejoins after a kill, catches up first,
+        and a JetStream request it serves before then may be answered 503 "temporarily unavailable"
+        (CI saw it after a restart)."""
+        await eventually(lambda: all(self._healthy(spec) for spec in self._running()), timeout=timeout,
+                         interval=0.1, what="JetStream current on every running hub server")
+
+    def _healthy(self, spec: HubServer) -> bool:
         try:
-            async def ready() -> bool:
-                try:
-                    await bus.js.account_info()
-                    return True
-                except Exception:
-                    return False
-            await eventually(ready, timeout=timeout, interval=0.2, what="a JetStream meta leader in the hub")
-        finally:
-            await bus.close()
+            return self._monitor(spec, "healthz").get("status") == "ok"
+        except urllib.error.HTTPError:  # 503 while it catches up
+            return False
 
     def add_node(self, node: str, *, timeout: float = 10.0) -> NodeLogin:
         """A user for ``node`` on every central server (a configuration reload, no restart), returned
@@ -148,21 +148,8 @@ class HubCluster:
         await self.servers[index].kill()
 
     async def restart(self, index: int, timeout: float = 30.0) -> None:
-        """Start a stopped server again and return once every running server's JetStream is current:
-        a rejoining server catches up on the meta group and the streams first, and a JetStream request
-        it serves before then is answered 503 "temporarily unavailable" (CI saw it)."""
-        started = time.monotonic()
         await self.servers[index].start(timeout)
-        await eventually(lambda: all(self._healthy(spec) for spec in self._running()),
-                         timeout=max(timeout - (time.monotonic() - started), 1.0), interval=0.1,
-                         what=f"JetStream current on every running server after {self.specs[index].name} restarted")
-
-    def _healthy(self, spec: HubServer) -> bool:
-        """The server's /healthz: 200 once its JetStream has a meta leader and its streams are current."""
-        try:
-            return self._monitor(spec, "healthz").get("status") == "ok"
-        except urllib.error.HTTPError:  # 503 while it catches up
-            return False
+        await self.wait_jetstream(timeout)
 
     async def stop(self) -> None:
         await asyncio.gather(*(s.stop() for s in self.servers), return_exceptions=True)
