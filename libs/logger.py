@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import structlog
 
-__all__ = ["CORRELATION_FIELDS", "configure_logging", "correlation", "get_logger"]
+__all__ = ["CORRELATION_FIELDS", "RepeatedWarning", "configure_logging", "correlation", "get_logger"]
 
 # What lets one allocation be followed across the services' log lines (bound as structlog contextvars).
 CORRELATION_FIELDS = ("request_id", "alloc_id", "pod_uid", "container")
@@ -63,3 +65,39 @@ def correlation(obj: Any, **given: Any) -> dict[str, Any]:
     found = {k: getattr(obj, k, None) for k in CORRELATION_FIELDS}
     found.update({k: v for k, v in given.items() if v})
     return {k: v for k, v in found.items() if isinstance(v, str) and v}
+
+
+# How often a warning whose cause comes and goes is written at most (RepeatedWarning).
+REPEAT_EVERY_S = 60.0
+
+
+class RepeatedWarning:
+    """A warning whose cause can come and go many times a second (a kubelet rejecting calls beyond its
+    rate limit, answering the next one): the first is written at once, later ones at most every
+    ``every`` seconds, each with ``occurrences`` (all so far) and ``left_out`` (those not written
+    since the line before). A success in between does not start a new series, so an intermittent
+    cause writes no more than a steady one; ``occurrences`` is there for a metric."""
+
+    def __init__(self, logger: Any, event: str, *, every: float = REPEAT_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger = logger
+        self.event = event
+        self.every = every
+        self.clock = clock
+        self.occurrences = 0
+        self._left_out = 0
+        self._written_at: float | None = None
+
+    def __call__(self, **fields: Any) -> bool:
+        """One more occurrence; whether it was written."""
+        self.occurrences += 1
+        now = self.clock()
+        if self._written_at is not None and now - self._written_at < self.every:
+            self._left_out += 1
+            return False
+        if self._written_at is not None:
+            fields.update(occurrences=self.occurrences, left_out=self._left_out)
+        self.logger.warning(self.event, **fields)
+        self._written_at = now
+        self._left_out = 0
+        return True

@@ -44,7 +44,7 @@ from libs.events.schema import (
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.kubelet.admission import AdmissionCheck
 from libs.ledger.state import CLAIM_PREFIX, MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, LedgerState
-from libs.logger import get_logger
+from libs.logger import RepeatedWarning, get_logger
 from libs.placement.hami_response import HamiDelivery
 from libs.placement.placement import NoRoom, place
 from libs.placement.responses import build_response
@@ -115,7 +115,8 @@ class Allocator:
         self.observer = observer or AllocatorObserver()
         self.corrections = 0
         self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
-        self._kubelet_warned = False
+        self._kubelet_unavailable = RepeatedWarning(_logger, "pod-resources unavailable: keeping the Allocate-time "
+                                                             "guess of pods")
         self.forwarded = ForwardedLists(on_list=self.observer.kubelet_listed)  # the registrar's Lists
         self.hami = HamiDelivery.from_settings(settings)
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
@@ -617,11 +618,8 @@ class Allocator:
         try:
             found = (await self.kubelet.list(reason)).holders
         except PodResourcesUnavailable as exc:
-            if not self._kubelet_warned:
-                _logger.warning("pod-resources unavailable: keeping the Allocate-time guess of pods", error=str(exc))
-                self._kubelet_warned = True
+            self._kubelet_unavailable(error=str(exc))
             return None
-        self._kubelet_warned = False
         if suspects(self.state, found):
             await self._correct(found, reason)
         self.settled = settled_grants(self.state, found)

@@ -31,7 +31,7 @@ from libs.bus.client import Bus
 from libs.commands import KubeletListing
 from libs.kubelet.admission import AdmissionCheck, admitting, listed_containers
 from libs.kubelet.podresources.v1 import api_pb2 as pr
-from libs.logger import get_logger
+from libs.logger import RepeatedWarning, get_logger
 
 __all__ = ["KubeletLister"]
 
@@ -49,7 +49,10 @@ class KubeletLister:
         self._channel: grpc.aio.Channel | None = None
         self._list: grpc.aio.UnaryUnaryMultiCallable | None = None  # type: ignore[type-arg]
         self._pending: set[asyncio.Future[object]] = set()
-        self._warned = False
+        self.answered = 0  # Lists the kubelet answered (metrics; the failed ones: ``self.failed.occurrences``)
+        # A kubelet past its rate limit (100 Lists a second) rejects some Lists and answers the next.
+        self.failed = RepeatedWarning(_logger, "the kubelet's List failed: the allocator asks it itself where it "
+                                               "needs it, and grants it could not check stand as matched")
 
     def begin(self, request_id: str) -> asyncio.Future[bytes | None] | None:
         """The List for the Allocate ``request_id``, asked now and sent on to the allocator when answered:
@@ -86,18 +89,12 @@ class KubeletLister:
         except Exception as exc:  # whatever else grpc raises: the grant is not held up by it
             error = f"pod-resources List on {self.socket} failed: {exc or type(exc).__name__}"
         else:
-            self._warned = False
+            self.answered += 1
             await self._publish(KubeletListing(request_id=request_id, listing=listing))
             return listing
-        self._warn(error)
+        self.failed(error=error)
         await self._publish(KubeletListing(request_id=request_id, error=error))
         return None
-
-    def _warn(self, error: str) -> None:
-        if not self._warned:
-            _logger.warning("the kubelet's List failed: the allocator asks it itself where it needs it, and "
-                            "grants it could not check stand as matched", error=error)
-            self._warned = True
 
     async def _publish(self, message: KubeletListing) -> None:
         try:

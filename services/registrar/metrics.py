@@ -26,6 +26,7 @@ class RegistrarCollector(Collector):
         self.catalog = catalog
         self.health = health
         self.prestarts = [p.prestart for p in plugins if p.prestart is not None]
+        self.listers = {id(p.lister): p.lister for p in plugins if p.lister is not None}.values()  # one, shared
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         fam = GaugeMetricFamily("gpuledger_advertised_devices",
@@ -42,6 +43,13 @@ class RegistrarCollector(Collector):
         for how in ("ahead", "asked"):
             verdicts.add_metric([how], sum(p.answered[how] for p in self.prestarts))
         yield verdicts
+        lists = CounterMetricFamily("gpuledger_registrar_kubelet_lists",
+                                    "pod-resources Lists asked at vcore Allocates, by outcome: a failed one (the "
+                                    "kubelet past its rate limit, away) leaves its grant unchecked",
+                                    labels=["outcome"])
+        lists.add_metric(["answered"], sum(lister.answered for lister in self.listers))
+        lists.add_metric(["failed"], sum(lister.failed.occurrences for lister in self.listers))
+        yield lists
 
 
 @asynccontextmanager

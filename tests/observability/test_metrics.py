@@ -92,6 +92,9 @@ async def test_allocator_metrics_follow_an_allocation(obs_node: Node) -> None:
     assert value(r, "gpuledger_advertised_devices", resource=RESOURCE_VMEMORY, health="Healthy") == 256
     assert value(r, "gpuledger_kubelet_request_duration_seconds_count", method="Allocate",
                  resource=RESOURCE_VCORE, outcome="ok") == 1
+    # The grant was checked with the kubelet's List, asked at its Allocate (none failed).
+    assert value(r, "gpuledger_registrar_kubelet_lists_total", outcome="answered") == 1
+    assert value(r, "gpuledger_registrar_kubelet_lists_total", outcome="failed") == 0
     for hop in ("registrar_total", "bus_round_trip"):  # registrar side of the breakdown
         assert value(r, "gpuledger_allocate_hop_duration_seconds_count", hop=hop) == 1
     assert (value(r, "gpuledger_allocate_hop_duration_seconds_sum", hop="registrar_total")
