@@ -49,9 +49,9 @@ class KubeletLister:
         self._channel: grpc.aio.Channel | None = None
         self._list: grpc.aio.UnaryUnaryMultiCallable | None = None  # type: ignore[type-arg]
         self._pending: set[asyncio.Future[object]] = set()
-        self.answered = 0  # Lists the kubelet answered (metrics; the failed ones: ``self.failed.occurrences``)
+        self.answered = 0  # Lists the kubelet answered (metrics; the failed ones: ``self.failures.occurrences``)
         # A kubelet past its rate limit (100 Lists a second) rejects some Lists and answers the next.
-        self.failed = RepeatedWarning(_logger, "the kubelet's List failed: the allocator asks it itself where it "
+        self.failures = RepeatedWarning(_logger, "the kubelet's List failed: the allocator asks it itself where it "
                                                "needs it, and grants it could not check stand as matched")
 
     def begin(self, request_id: str) -> asyncio.Future[bytes | None] | None:
@@ -92,7 +92,7 @@ class KubeletLister:
             self.answered += 1
             await self._publish(KubeletListing(request_id=request_id, listing=listing))
             return listing
-        self.failed(error=error)
+        self.failures(error=error)
         await self._publish(KubeletListing(request_id=request_id, error=error))
         return None
 

@@ -26,7 +26,7 @@ class RegistrarCollector(Collector):
         self.catalog = catalog
         self.health = health
         self.prestarts = [p.prestart for p in plugins if p.prestart is not None]
-        self.listers = {id(p.lister): p.lister for p in plugins if p.lister is not None}.values()  # one, shared
+        self.lister = next((p.lister for p in plugins if p.lister is not None), None)  # the plugins share one
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         fam = GaugeMetricFamily("gpuledger_advertised_devices",
@@ -43,12 +43,14 @@ class RegistrarCollector(Collector):
         for how in ("ahead", "asked"):
             verdicts.add_metric([how], sum(p.answered[how] for p in self.prestarts))
         yield verdicts
+        if self.lister is None:
+            return
         lists = CounterMetricFamily("gpuledger_registrar_kubelet_lists",
                                     "pod-resources Lists asked at vcore Allocates, by outcome: a failed one (the "
                                     "kubelet past its rate limit, away) leaves its grant unchecked",
                                     labels=["outcome"])
-        lists.add_metric(["answered"], sum(lister.answered for lister in self.listers))
-        lists.add_metric(["failed"], sum(lister.failed.occurrences for lister in self.listers))
+        lists.add_metric(["answered"], self.lister.answered)
+        lists.add_metric(["failed"], self.lister.failures.occurrences)
         yield lists
 
 

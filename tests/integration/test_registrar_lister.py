@@ -45,7 +45,7 @@ async def test_lists_past_the_rate_limit_are_counted_sent_on_and_warned_about_on
                     if i % 2:
                         await asyncio.sleep(0.6)
             assert [a is not None for a in answers] == [True, False] * 3
-            assert (lister.answered, lister.failed.occurrences) == (3, 3)
+            assert (lister.answered, lister.failures.occurrences) == (3, 3)
             warnings = [entry for entry in logs if entry["log_level"] == "warning"]
             assert len(warnings) == 1 and "RESOURCE_EXHAUSTED" in warnings[0]["error"], warnings
             await asyncio.wait_for(all_sent.wait(), 5)
