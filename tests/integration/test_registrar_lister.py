@@ -22,7 +22,7 @@ from simulator import NodeSimulator, SimConfig
 async def test_lists_past_the_rate_limit_are_counted_sent_on_and_warned_about_once(
         short_dir: Path, nats_server: NatsServer) -> None:
     cfg = SimConfig(device_plugin_dir=short_dir / "dp", pod_resources_socket=short_dir / "pr" / "kubelet.sock",
-                    pod_resources_qps=2.0, pod_resources_burst=1)  # one List, then one every 0.5 s
+                    pod_resources_qps=1.0, pod_resources_burst=1)  # one List, then one a second
     bus = await Bus.connect(nats_server.url, name="test", node="n1")
     sent: list[KubeletListing] = []
     all_sent = asyncio.Event()
@@ -43,7 +43,7 @@ async def test_lists_past_the_rate_limit_are_counted_sent_on_and_warned_about_on
                     assert future is not None
                     answers.append(await asyncio.wait_for(future, 5))
                     if i % 2:
-                        await asyncio.sleep(0.6)
+                        await asyncio.sleep(1.1)
             assert [a is not None for a in answers] == [True, False] * 3
             assert (lister.answered, lister.failures.occurrences) == (3, 3)
             warnings = [entry for entry in logs if entry["log_level"] == "warning"]
@@ -53,4 +53,3 @@ async def test_lists_past_the_rate_limit_are_counted_sent_on_and_warned_about_on
         finally:
             await lister.close()
             await bus.close()
-
