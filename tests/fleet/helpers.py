@@ -8,7 +8,6 @@ import json
 import secrets
 import socket
 import time
-import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -86,7 +85,7 @@ class HubCluster:
     def _healthy(self, spec: HubServer) -> bool:
         try:
             return self._monitor(spec, "healthz").get("status") == "ok"
-        except urllib.error.HTTPError:  # 503 while it catches up
+        except OSError:  # 503 while it catches up (HTTPError), or its monitor port not answering yet
             return False
 
     def add_node(self, node: str, *, timeout: float = 10.0) -> NodeLogin:
