@@ -228,13 +228,13 @@ def write_segment(log_path: Path, conn: sqlite3.Connection, first: int, last: in
                    last_hash=last_hash, file=name, sha256=sha, archived_at=time.time_ns())
 
 
-def _heads_path(log_path: Path) -> Path:
+def heads_path(log_path: Path) -> Path:
     return archive_dir(log_path) / "heads.sqlite"
 
 
 def _record_heads(log_path: Path, source: sqlite3.Connection, schema: str, upto: int) -> None:
     """Step 2: each stream's last version in ``schema``.events, kept in heads.sqlite (idempotent)."""
-    heads = sqlite3.connect(_heads_path(log_path), isolation_level=None)
+    heads = sqlite3.connect(heads_path(log_path), isolation_level=None)
     try:
         heads.execute("PRAGMA journal_mode=WAL")
         heads.execute("PRAGMA synchronous=FULL")
@@ -258,7 +258,7 @@ def _record_heads(log_path: Path, source: sqlite3.Connection, schema: str, upto:
 
 def stream_head(log_path: Path) -> sqlite3.Connection | None:
     """A read connection to the stream heads of archived rows (the writer's fallback), if any."""
-    path = _heads_path(log_path)
+    path = heads_path(log_path)
     if not path.exists():
         return None
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # WAL: read-write opens surely
@@ -417,7 +417,7 @@ def finish(log_path: Path) -> list[str]:
 def _ensure_heads(log_path: Path, done: list[Segment]) -> None:
     """Bring heads.sqlite up to the last recorded segment (rebuilt from the segments if it was lost)."""
     try:
-        heads = sqlite3.connect(f"file:{_heads_path(log_path)}?mode=ro", uri=True)
+        heads = sqlite3.connect(f"file:{heads_path(log_path)}?mode=ro", uri=True)
         try:
             covered = heads.execute("SELECT MAX(upto_seq) FROM covered").fetchone()[0] or 0
         finally:
