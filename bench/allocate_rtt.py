@@ -18,7 +18,9 @@ as often as each floor. Phases: ``idle`` (nothing added), ``loaded``
 like every process here: see start_burners). After each phase the registrar's
 and the allocator's ``/metrics`` are scraped and the per-hop histograms (registrar total, bus round
 trip, allocator decide, append+fsync, reply) are printed as the phase's difference, and the slowest 2 %
-of our Allocates are split leg by leg from the services' own log lines (bench/allocate_tail.py).
+of our Allocates are split leg by leg from the services' own log lines (bench/allocate_tail.py). The
+fsync'd append of each grant, as the allocator timed it, is set beside the durable floor's own append,
+as its ledger timed it: what a durable append takes on this machine in this phase, whoever makes it.
 
     python -m bench.allocate_rtt [--pods 2000] [--warmup 50] [--load both|idle|loaded] [--json out.json]
 """
@@ -39,9 +41,11 @@ import tempfile
 from pathlib import Path
 
 import aiohttp
+import nats
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.allocate_tail import log_size, phase_tail
+from bench.echo_ledger import APPENDS_SUBJECT
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
@@ -125,6 +129,28 @@ def hop_rows(before: Buckets, after: Buckets) -> list[dict[str, object]]:
 
         rows.append({"hop": hop, "n": int(total), "mean_ms": round(diff.get(-1.0, 0.0) / total * 1000, 3),
                      "p50_le_ms": round(quantile(0.5) * 1000, 3), "p99_le_ms": round(quantile(0.99) * 1000, 3)})
+    return rows
+
+
+async def floor_appends(url: str) -> list[float]:
+    """The durable floor's appends (ms) since the last call, as its ledger timed them."""
+    client = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+    try:
+        reply = await client.request(APPENDS_SUBJECT, b"", timeout=10)
+    finally:
+        await client.close()
+    return [float(ms) for ms in json.loads(reply.data)]
+
+
+def append_rows(ours_ms: list[float], floor_ms: list[float]) -> list[dict[str, object]]:
+    """p50/p99/mean of each durable append: ours (the allocator's grants) and the durable floor's."""
+    rows: list[dict[str, object]] = []
+    for name, values in (("gpuledger's allocator, each grant (its `granted` lines)", ours_ms),
+                         ("the durable floor's ledger, each append", floor_ms)):
+        if values:
+            rows.append({"name": name, "n": len(values), "p50_ms": round(percentile(values, 0.50), 3),
+                         "p99_ms": round(percentile(values, 0.99), 3),
+                         "mean_ms": round(sum(values) / len(values), 3)})
     return rows
 
 
@@ -239,9 +265,11 @@ async def run(pods: int, warmup: int, phases: list[str], workdir: Path, log_leve
             bare = summary("bare echo device plugin (floor)", times["bare"])
             durable = summary("echo plugin + one NATS round trip + one fsync'd append (durable floor)",
                               times["durable"])
+            tail = phase_tail(workdir / "logs", marks)
+            appends = append_rows(tail.pop("appends_ms"), await floor_appends(nats.url))  # type: ignore[arg-type]
             results[phase] = {"rows": [ours, bare, durable], "to_bare": ratios(ours, bare),
                               "to_durable": ratios(ours, durable), "durable_to_bare": ratios(durable, bare),
-                              "hops": hop_rows(before, after), "tail": phase_tail(workdir / "logs", marks)}
+                              "hops": hop_rows(before, after), "tail": tail, "appends": appends}
     finally:
         driver.stdin.close()
         with contextlib.suppress(TimeoutError):
@@ -274,6 +302,11 @@ def report(results: dict[str, object]) -> None:
         print("\n| hop (from /metrics) | n | mean ms | p50 <= ms | p99 <= ms |\n|---|---:|---:|---:|---:|")
         for h in res["hops"]:
             print(f"| {h['hop']} | {h['n']} | {h['mean_ms']} | {h['p50_le_ms']} | {h['p99_le_ms']} |")
+        if res["appends"]:
+            print("\n| the fsync'd append, as the appender timed it | n | p50 ms | p99 ms | mean ms |"
+                  "\n|---|---:|---:|---:|---:|")
+            for row in res["appends"]:
+                print(f"| {row['name']} | {row['n']} | {row['p50_ms']} | {row['p99_ms']} | {row['mean_ms']} |")
         tail = res["tail"]
         if tail["legs"]:
             print(f"\n| the slowest {tail['share']:.0%} of ours, leg by leg ({tail['joined']} joined log lines) "

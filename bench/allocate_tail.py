@@ -93,4 +93,5 @@ def phase_tail(log_dir: Path, marks: dict[str, tuple[int, int]], share: float = 
     registrar = read_events(log_dir / "registrar.log", *marks["registrar"], "allocated")
     allocator = read_events(log_dir / "allocator.log", *marks["allocator"], "granted")
     rows = legs(registrar, allocator)
-    return {"joined": len(rows), "share": share, "legs": tail_table(rows, share)}
+    return {"joined": len(rows), "share": share, "legs": tail_table(rows, share),
+            "appends_ms": [r["append"] for r in rows]}

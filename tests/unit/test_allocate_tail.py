@@ -70,3 +70,5 @@ def test_a_phase_reads_only_its_own_lines(tmp_path: Path) -> None:
     assert legs_by_name["append"]["slowest_ms"] == 12.0
     assert legs_by_name["bus and loops"]["slowest_ms"] == 6.0
     assert legs_by_name["allocator other"]["slowest_ms"] == 2.0
+    # every joined grant's append, to be set beside the durable floor's
+    assert sorted(tail["appends_ms"]) == [1.0] * 196 + [12.0] * 4  # type: ignore[arg-type]
