@@ -19,11 +19,13 @@ out and puts them back, which makes the stream's leader create their consumers a
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Collection, Iterable
 
 import nats.errors
 from nats.js import JetStreamContext, api
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from libs.events.subjects import Subjects
 from libs.fleet.naming import FLEET_STREAM, node_domain
@@ -34,6 +36,12 @@ _logger = get_logger("fleet")
 # A JetStream API request can go unanswered while the cluster elects a leader; every step of
 # ensure_fleet_stream is idempotent (the same create, sources already there), so it is asked again.
 _ENSURE_TRIES = 3
+# "no suitable peers for placement" (JetStream's err_code 10005): a server that will hold a replica is
+# not known to the cluster as online yet (it has just started, or is restarting). That passes by
+# itself, so the create is asked again for up to PLACEMENT_WAIT_S before the error is the caller's.
+NO_PEERS_FOR_PLACEMENT = 10005
+PLACEMENT_WAIT_S = 10.0
+_PLACEMENT_RETRY_S = (0.1, 1.0)  # the first wait, doubled up to the second
 
 __all__ = ["add_nodes", "ensure_fleet_stream", "fleet_stream_config", "node_source", "remove_nodes",
            "restart_sources", "sourced_nodes", "unserved_sources"]
@@ -60,16 +68,30 @@ def fleet_stream_config(nodes: Iterable[str], *, replicas: int = 3) -> api.Strea
     )
 
 
-async def ensure_fleet_stream(js: JetStreamContext, nodes: Iterable[str] = (), *, replicas: int = 3) -> api.StreamInfo:
+async def ensure_fleet_stream(js: JetStreamContext, nodes: Iterable[str] = (), *, replicas: int = 3,
+                              placement_wait: float = PLACEMENT_WAIT_S) -> api.StreamInfo:
     """Create the fleet stream with these nodes' sources (all in one create), or add the missing ones;
-    a request left unanswered is asked again, ``_ENSURE_TRIES`` times in all."""
+    a request left unanswered is asked again, ``_ENSURE_TRIES`` times in all, and one refused for want
+    of online peers for the replicas, for up to ``placement_wait`` seconds."""
     nodes = list(nodes)
-    for attempt in range(1, _ENSURE_TRIES):
+    unanswered = 0
+    deadline = time.monotonic() + placement_wait
+    wait, longest = _PLACEMENT_RETRY_S
+    while True:
         try:
             return await _create_or_extend(js, nodes, replicas)
         except nats.errors.TimeoutError:
-            _logger.warning("a JetStream request on the fleet stream went unanswered: asking again", attempt=attempt)
-    return await _create_or_extend(js, nodes, replicas)
+            unanswered += 1
+            if unanswered >= _ENSURE_TRIES:
+                raise
+            _logger.warning("a JetStream request on the fleet stream went unanswered: asking again", attempt=unanswered)
+        except BadRequestError as exc:
+            if exc.err_code != NO_PEERS_FOR_PLACEMENT or time.monotonic() + wait > deadline:
+                raise
+            _logger.warning("no online peers for the fleet stream's replicas yet (a server starting?): asking again",
+                            error=exc.description, retry_in_s=wait)
+            await asyncio.sleep(wait)
+            wait = min(longest, wait * 2)
 
 
 async def _create_or_extend(js: JetStreamContext, nodes: list[str], replicas: int) -> api.StreamInfo:
