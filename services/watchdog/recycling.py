@@ -60,7 +60,7 @@ from services.watchdog.claims import ClaimReconciler
 from services.watchdog.kubeletpods import KubeletPods, KubeletView
 from services.watchdog.labels import NodeLabeler
 
-__all__ = ["Recycler", "Repairs"]
+__all__ = ["Recycler", "Repairs", "notified_in_full"]
 
 FIRST_PASS_RETRY_S = 0.25   # the first reconciliation's pause between tries, doubling...
 FIRST_PASS_MAX_RETRY_S = 4.0  # ...up to this (never longer than the period)
@@ -68,6 +68,18 @@ RETRY_S = 1.0  # between later passes while one fails or a release could not be 
 
 _logger = get_logger("watchdog")
 _VERBS = {"ADDED": "added", "MODIFIED": "updated", "DELETED": "deleted"}
+
+
+def notified_in_full(pod: Pod) -> bool:
+    """Whether every change of ``pod`` is sent as a notification (``pod.updated``), or only its
+    arrival and its deletion. The allocator, their only reader, follows a pod's changes when it may
+    hold a grant: it asks for vcuda-core, or uses ResourceClaims (a claim's grant is held under its
+    pod, whose phase tells when to release it). Of any other pod it needs only to know that it is
+    there, under its name: the kubelet's List names every pod, and one the allocator does not know
+    may be the one asking. Such a pod's status updates, most notifications on a node where most pods
+    are not GPU pods, would cost the allocator a decode each for nothing. Neither the resources nor
+    the claims of a pod can change once it is made."""
+    return pod.wants_gpu or bool(pod.spec.resource_claims)
 
 
 def _reason(pod: Pod | None) -> str:
@@ -122,7 +134,9 @@ class Recycler:
     async def on_change(self, kind: str, old: Pod | None, new: Pod | None) -> None:
         pod = new or old
         assert pod is not None
-        await self.bus.publish(self.bus.subjects.pod_fact(_VERBS.get(kind, "updated")), PodChanged(kind=kind, pod=pod))
+        if kind != "MODIFIED" or notified_in_full(pod):
+            await self.bus.publish(self.bus.subjects.pod_fact(_VERBS.get(kind, "updated")),
+                                   PodChanged(kind=kind, pod=pod))
         if not pod.wants_gpu:
             return
         if kind == "DELETED":

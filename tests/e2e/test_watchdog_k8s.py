@@ -18,7 +18,7 @@ from libs.kube.pods import RESOURCE_VCORE
 from services.watchdog import annotations as watchdog_annotations
 from services.watchdog import app as watchdog_app
 from services.watchdog.labels import MANAGED_ANNOTATION, MODEL_LABEL
-from tests.builders import gpu_pod, settings_for
+from tests.builders import gpu_pod, pod_manifest, settings_for
 from tests.e2e.helpers import WatchdogNode, base_node, seen_on
 from tests.polling import eventually
 
@@ -63,6 +63,27 @@ async def test_a_deleted_pod_is_released_once(wnode: WatchdogNode) -> None:
         await wnode.passes(1)  # time enough for a second request to come
     assert [r.pod_uid for r in asked] == [pod["metadata"]["uid"]]
     assert len(wnode.tap.of("alloc.released")) == 1
+
+
+async def test_a_pod_without_gpus_is_notified_when_it_comes_and_goes_only(wnode: WatchdogNode) -> None:
+    """The allocator's pod cache gets every change of a GPU pod, and of any other pod its arrival and
+    its deletion only: its status updates would cost the allocator a decode each for nothing."""
+    subjects = wnode.bus.subjects
+
+    def kinds(facts: list[PodChanged], name: str) -> list[str]:
+        return [f.kind for f in facts if f.pod.metadata.name == name]
+
+    async with seen_on(wnode, subjects.pod_fact("*"), PodChanged) as facts:
+        assert (await wnode.run_pod(pod_manifest("plain")))["status"]["phase"] == "Running"
+        assert (await wnode.run_pod(gpu_pod("gpu", ("c", 50, 1))))["status"]["phase"] == "Running"
+        for name in ("plain", "gpu"):
+            await wnode.sim.delete_pod("default", name)
+        await eventually(lambda: {f.pod.metadata.name for f in facts if f.kind == "DELETED"} == {"plain", "gpu"},
+                         timeout=15, interval=0.05, what="both pods' DELETED")
+    assert kinds(facts, "plain") == ["ADDED", "DELETED"]
+    gpu = kinds(facts, "gpu")
+    assert gpu[0] == "ADDED" and gpu[-1] == "DELETED" and "MODIFIED" in gpu  # its phase, its deletion
+    assert len(wnode.tap.of("alloc.released")) == 1  # the GPU pod, released as ever
 
 
 async def test_an_owned_pod_that_failed_admission_is_deleted_and_a_naked_one_kept(wnode: WatchdogNode) -> None:
