@@ -14,6 +14,8 @@ import nats
 import nats.errors
 import pytest
 from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.errors import ServiceUnavailableError
 from prometheus_client.parser import text_string_to_metric_families
 
 from libs.bus import Bus
@@ -257,8 +259,16 @@ async def test_a_nodes_broker_receives_no_reply_meant_for_another_node_or_the_hu
             await beta.ledger.grant()
             await cosigned_now(cp, size)  # beta's request crossed its leaf link and the reply came back
         assert svc.desk.cosigned >= 3
-        # the recorder reaches beta's own JetStream over the leaf link (its probe of an unserved source)
-        info = await recorder.js_domain(node_domain("beta"), timeout=5).stream_info(Subjects("beta").stream)
+        # the recorder reaches beta's own JetStream over the leaf link (its probe of an unserved source).
+        # The hub's servers learn of beta's domain as the link's interest crosses their routes, so a
+        # first probe can find no responder yet (as the recorder's own probe can: it asks again later).
+        async def beta_stream() -> api.StreamInfo | None:
+            try:
+                return await recorder.js_domain(node_domain("beta"), timeout=5).stream_info(Subjects("beta").stream)
+            except ServiceUnavailableError:  # no responder for beta's domain on this server yet
+                return None
+
+        info = await eventually(beta_stream, timeout=15, interval=0.2, what="beta's stream info over its leaf link")
         assert info.state.messages == 4
         await eventually(lambda: svc.projection.last_seqs().get("beta") == 4,
                          timeout=30, interval=0.2, what="beta's events fetched by the recorder")
