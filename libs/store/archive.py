@@ -256,12 +256,13 @@ def _record_heads(log_path: Path, source: sqlite3.Connection, schema: str, upto:
         heads.close()
 
 
-def stream_head(log_path: Path) -> sqlite3.Connection | None:
-    """A read connection to the stream heads of archived rows (the writer's fallback), if any."""
-    path = heads_path(log_path)
-    if not path.exists():
+def stream_head(heads_file: str) -> sqlite3.Connection | None:
+    """A read connection to the stream heads of archived rows (the writer's fallback), if any.
+    ``heads_file`` is ``heads_path(log)``, made once by the caller: it asks at every new stream until
+    the first archive has made the file, so the question is one ``stat``."""
+    if not os.path.exists(heads_file):
         return None
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # WAL: read-write opens surely
+    conn = sqlite3.connect(heads_file, isolation_level=None, check_same_thread=False)  # WAL: read-write opens surely
     conn.execute("PRAGMA busy_timeout=5000")
     return conn
 

@@ -2,8 +2,9 @@
 
 Callers on the event loop ``await append(events)``; it returns once the events are on disk: written in
 one ``BEGIN IMMEDIATE ... COMMIT`` with ``synchronous=FULL``. Each caller's events are atomic (a
-SAVEPOINT each): one failing request does not fail its neighbours in a group. The writer assigns
-``seq``, ``recorded_at`` (clamped so it never goes backwards), per-stream ``version`` and the chain hash.
+SAVEPOINT each when several share a commit): one failing request does not fail its neighbours in a
+group. The writer assigns ``seq``, ``recorded_at`` (clamped so it never goes backwards), per-stream
+``version`` and the chain hash.
 
 Two ways to commit, chosen when the writer is made:
 - on a thread (the default): it takes everything queued (up to MAX_BATCH events) and commits it as one
@@ -21,7 +22,6 @@ are returned, so a caller that retries after a lost reply appends exactly once.
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import sqlite3
 import threading
@@ -100,7 +100,7 @@ class LogWriter:
         self._last_hash = GENESIS_HASH
         self._versions: dict[str, int] = {}
         self._heads: sqlite3.Connection | None = None  # stream heads of archived rows, once there are any
-        self._heads_file = str(heads_path(path))  # a string: looked for at every new stream until it exists
+        self._heads_file = str(heads_path(path))
         self._stopped = False
 
     # --- lifecycle ---
@@ -144,11 +144,9 @@ class LogWriter:
 
     def _archived_head(self, stream: str) -> tuple[int | None]:
         if self._heads is None:
-            if not os.path.exists(self._heads_file):
-                return (None,)  # nothing archived yet
-            self._heads = stream_head(self.path)
+            self._heads = stream_head(self._heads_file)
             if self._heads is None:
-                return (None,)
+                return (None,)  # nothing archived yet
         try:
             row = self._heads.execute("SELECT version FROM heads WHERE stream_id = ?", (stream,)).fetchone()
         except sqlite3.OperationalError:  # being created by the first archive right now
