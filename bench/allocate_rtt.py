@@ -142,16 +142,11 @@ async def floor_appends(url: str) -> list[float]:
     return [float(ms) for ms in json.loads(reply.data)]
 
 
-def append_rows(ours_ms: list[float], floor_ms: list[float]) -> list[dict[str, object]]:
-    """p50/p99/mean of each durable append: ours (the allocator's grants) and the durable floor's."""
-    rows: list[dict[str, object]] = []
-    for name, values in (("gpuledger's allocator, each grant (its `granted` lines)", ours_ms),
-                         ("the durable floor's ledger, each append", floor_ms)):
-        if values:
-            rows.append({"name": name, "n": len(values), "p50_ms": round(percentile(values, 0.50), 3),
-                         "p99_ms": round(percentile(values, 0.99), 3),
-                         "mean_ms": round(sum(values) / len(values), 3)})
-    return rows
+def append_rows(ours_ms: list[float], floor_ms: list[float]) -> list[dict[str, float | str | int]]:
+    """The summary of each durable append: ours (the allocator's grants) and the durable floor's."""
+    return [summary(name, [ms / 1000 for ms in values])
+            for name, values in (("gpuledger's allocator, each grant (its `granted` lines)", ours_ms),
+                                 ("the durable floor's ledger, each append", floor_ms)) if values]
 
 
 # --- load ---------------------------------------------------------------------------------------
