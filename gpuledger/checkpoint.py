@@ -30,6 +30,7 @@ from libs.errors import GpuledgerError, StoreError
 from libs.events.codec import StoredEvent
 from libs.events.schema import AllocationImported, GpuInfo, GpuShare, InventoryRecorded
 from libs.kube.pods import RESOURCE_VCORE
+from libs.kubelet.checkpoint import CheckpointUnreadable, checkpoint_entries
 from libs.placement.recorded import ResponseSettings
 from libs.placement.responses import build_response
 from libs.store import EventLog
@@ -71,29 +72,17 @@ def _read(path: Path) -> _Checkpoint:
 
 
 def kubelet_device_ids(path: Path) -> dict[tuple[str, str], tuple[str, ...]]:
-    """(pod uid, container) -> the vcore device IDs the kubelet gave it, from kubelet_internal_checkpoint.
-
-    All three layouts (gpu-manager-reference.md 4.4): ``{"Data": {"PodDeviceEntries": [...]}}`` with
-    DeviceIDs per NUMA node (k8s >= 1.20) or as a flat list, and the legacy top-level form.
-    """
+    """(pod uid, container) -> the vcore device IDs the kubelet gave it, from kubelet_internal_checkpoint
+    in any of its layouts (libs/kubelet/checkpoint.py)."""
     try:
-        raw = msgspec.json.decode(path.read_bytes())
+        entries = checkpoint_entries(path.read_bytes())
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except msgspec.DecodeError as exc:
+    except CheckpointUnreadable as exc:
         raise CheckpointError(f"{path} is not a kubelet checkpoint: {exc}") from exc
-    data = raw.get("Data", raw) if isinstance(raw, dict) else None
-    entries = data.get("PodDeviceEntries") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
+    if entries is None:
         raise CheckpointError(f"{path} is not a kubelet checkpoint: no PodDeviceEntries")
-    out: dict[tuple[str, str], tuple[str, ...]] = {}
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("ResourceName") != RESOURCE_VCORE:
-            continue
-        ids = entry.get("DeviceIDs") or []
-        flat = [i for v in ids.values() for i in v] if isinstance(ids, dict) else list(ids)
-        out[(str(entry.get("PodUID")), str(entry.get("ContainerName")))] = tuple(str(i) for i in flat)
-    return out
+    return {(e.pod_uid, e.container): e.device_ids for e in entries if e.resource == RESOURCE_VCORE}
 
 
 def plan_import(path: Path, gpus: tuple[GpuInfo, ...], settings: Settings,

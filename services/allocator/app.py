@@ -16,6 +16,7 @@ from libs.config import Settings
 from libs.gpu import load_inventory
 from libs.gpu.backends import open_monitor
 from libs.kube.source import make_client
+from libs.kubelet.checkpoint import CHECKPOINT_FILE
 from libs.ledger.snapshot import SnapshotKeeper, load_state
 from libs.logger import get_logger
 from libs.metrics import MetricsServer
@@ -35,7 +36,7 @@ from services.allocator.inventory import record_inventory
 from services.allocator.ledger import Ledger
 from services.allocator.metrics import AllocatorMetrics, serving_metrics
 from services.allocator.podcache import PodCache
-from services.allocator.podresources import KubeletPodResources
+from services.allocator.podresources import KubeletCheckpoint, KubeletPodResources
 from services.allocator.usage import UsageSampler
 
 __all__ = ["AllocatorService", "service"]
@@ -101,7 +102,8 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         pod_cache = PodCache(bus)
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
         handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,
-                             pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics)
+                             pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics,
+                             checkpoint=KubeletCheckpoint(Path(settings.device_plugin_dir) / CHECKPOINT_FILE))
         stack.push_async_callback(handlers.close)
         relay = Relay(bus, events, replies_out=handlers.replies.wait)
         supervisor.spawn(relay.run(), "relay")

@@ -10,7 +10,7 @@ refused and the caller fails only that container.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -23,9 +23,10 @@ from libs.ledger.state import CLAIM_PREFIX, Allocation, GpuUsage, LedgerState
 from libs.placement.placement import place
 from libs.placement.responses import build_response
 from services.allocator.extender import core_limit
-from services.allocator.podresources import DeviceHolder
+from services.allocator.podresources import DeviceHolder, RecordedDevices
 
-__all__ = ["Misattributed", "can_settle", "misattributed", "plan_corrections", "settled_grants", "suspects"]
+__all__ = ["Misattributed", "can_settle", "confirmed_grants", "misattributed", "plan_corrections", "settled_grants",
+           "suspects"]
 
 
 class Misattributed(msgspec.Struct, frozen=True):
@@ -53,6 +54,22 @@ def settled_grants(state: LedgerState, found: dict[frozenset[str], DeviceHolder]
     allocs = state.allocations.values() if among is None else among
     return {alloc.alloc_id: holder for alloc, holder in _listed(allocs, found)
             if _holds(holder, alloc) and holder.vmemory * MEMORY_BLOCK == alloc.memory}
+
+
+def confirmed_grants(allocs: Iterable[Allocation], recorded: Mapping[tuple[str, str], RecordedDevices],
+                     ) -> dict[str, DeviceHolder]:
+    """The grants of ``allocs`` that the kubelet's checkpoint records under their own pod UID and
+    container, with exactly their device IDs and their memory: alloc id -> that holder (as a List's
+    ``settled_grants``, which it spares). Only confirms: a grant recorded otherwise, or not at all, is
+    left to a List."""
+    out: dict[str, DeviceHolder] = {}
+    for alloc in allocs:
+        got = recorded.get((alloc.pod_uid, alloc.container))
+        if (got is not None and alloc.device_ids and got.vcore_ids == frozenset(alloc.device_ids)
+                and got.vmemory * MEMORY_BLOCK == alloc.memory):
+            out[alloc.alloc_id] = DeviceHolder(alloc.namespace, alloc.pod_name, alloc.container, got.vcore_ids,
+                                               got.vmemory)
+    return out
 
 
 def can_settle(alloc: Allocation) -> bool:

@@ -195,6 +195,10 @@ class AllocatorMetrics(AllocatorObserver):
         self._lists = Counter("gpuledger_allocator_kubelet_lists",
                               "pod-resources Lists the allocator asked the kubelet for, by reason", ["reason"],
                               registry=self.registry)
+        self._checkpoint_settled = Counter(
+            "gpuledger_allocator_checkpoint_settled",
+            "Grants confirmed from the kubelet's checkpoint file, each sparing a pod-resources List",
+            registry=self.registry)
         hops = hop_histogram(self.registry)
         self._decide, self._append_fsync, self._confirm, self._reply = (
             hops.labels(hop=h) for h in ("decide", "append_fsync", "confirm", "reply"))
@@ -216,6 +220,9 @@ class AllocatorMetrics(AllocatorObserver):
 
     def kubelet_listed(self, reason: str) -> None:
         self._lists.labels(reason=reason).inc()
+
+    def checkpoint_settled(self, count: int) -> None:
+        self._checkpoint_settled.inc(count)
 
 
 @asynccontextmanager

@@ -35,5 +35,8 @@ class AllocatorObserver:
         shortly after its reply), "reconcile" (the periodic check), "room" (holders gone from the
         node, looked for before a refusal)."""
 
+    def checkpoint_settled(self, count: int) -> None:
+        """``count`` grants settled from the kubelet's checkpoint file, each sparing a List."""
+
     def append_done(self, seconds: float) -> None:
         """Events were appended to the log in ``seconds`` (durable on return), or the append failed."""

@@ -9,6 +9,9 @@ unavailable, and callers then keep the guess, as gpu-manager would.
 A rate-limited List (RESOURCE_EXHAUSTED: the kubelet allows 100 a second, 10 at once) or a late one
 keeps the connection; one the kubelet closed (restarting) is dialled afresh at the next List. The
 calls are made with ``h2`` (libs/grpcchannel.py): the allocator loads no grpcio.
+
+The kubelet's device-manager checkpoint (``KubeletCheckpoint``) is the same record as a file, read
+first where it can only confirm: it spares a List for each grant it shows as made.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import os
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 from google.protobuf.message import DecodeError
@@ -26,10 +30,14 @@ from libs.grpcchannel import UnaryChannel
 from libs.grpcwire import CallFailed
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, Pod
 from libs.kubelet.admission import AdmissionCheck, ListedContainers, admitting, listed_containers
+from libs.kubelet.checkpoint import MAX_CHECKPOINT_BYTES, CheckpointUnreadable, checkpoint_entries
 from libs.kubelet.podresources.v1 import api_pb2 as pr
+from libs.logger import RepeatedWarning, get_logger
 
-__all__ = ["DeviceHolder", "ForwardedLists", "KubeletPodResources", "KubeletRecord", "PodResourcesUnavailable",
-           "holders", "parse_record"]
+__all__ = ["DeviceHolder", "ForwardedLists", "KubeletCheckpoint", "KubeletPodResources", "KubeletRecord",
+           "PodResourcesUnavailable", "RecordedDevices", "holders", "parse_record"]
+
+_logger = get_logger("allocator")
 
 
 class PodResourcesUnavailable(Exception):
@@ -92,6 +100,63 @@ def parse_record(listing: bytes, *, source: str = "as forwarded") -> KubeletReco
         return record(pr.ListPodResourcesResponse.FromString(listing))
     except DecodeError as exc:
         raise PodResourcesUnavailable(f"the kubelet's List, {source}, does not parse: {exc}") from exc
+
+
+class RecordedDevices(msgspec.Struct, frozen=True):
+    """One container's devices in the kubelet's checkpoint."""
+
+    vcore_ids: frozenset[str]
+    vmemory: int  # number of tencent.com/vcuda-memory devices
+
+
+class KubeletCheckpoint:
+    """The kubelet's checkpoint file (libs/kubelet/checkpoint.py): (pod uid, container) -> the devices
+    it was given. Read again only when the file changed (its inode, size or mtime). Callers only
+    confirm with it: it names pods by UID, which are never reused, so an entry that names a grant's
+    own pod and container with exactly its IDs was the kubelet's allocation for that grant, however
+    old the file; anything else is left to a List (which also corrects). A missing file (a kubelet
+    without device plugins yet, a directory not mounted) or one this cannot read is None."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        self._seen: tuple[int, int, int, int] | None = None
+        self._recorded: dict[tuple[str, str], RecordedDevices] | None = None
+        self.unreadable = RepeatedWarning(_logger, "the kubelet's checkpoint cannot be read: grants are "
+                                                   "confirmed by its pod-resources List instead")
+
+    def recorded(self) -> dict[tuple[str, str], RecordedDevices] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._seen = self._recorded = None
+            return None
+        except OSError as exc:
+            self.unreadable(path=self.path, error=str(exc))
+            return None
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if seen != self._seen:
+            self._recorded = self._read(st.st_size)
+            self._seen = seen
+        return self._recorded
+
+    def _read(self, size: int) -> dict[tuple[str, str], RecordedDevices] | None:
+        if size > MAX_CHECKPOINT_BYTES:
+            self.unreadable(path=self.path, error=f"{size} bytes, more than {MAX_CHECKPOINT_BYTES}")
+            return None
+        try:
+            with open(self.path, "rb") as fh:
+                entries = checkpoint_entries(fh.read(MAX_CHECKPOINT_BYTES + 1))
+        except (OSError, CheckpointUnreadable) as exc:
+            self.unreadable(path=self.path, error=str(exc))
+            return None
+        vcore: dict[tuple[str, str], frozenset[str]] = {}
+        vmemory: dict[tuple[str, str], int] = {}
+        for e in entries or ():
+            if e.resource == RESOURCE_VCORE:
+                vcore[(e.pod_uid, e.container)] = frozenset(e.device_ids)
+            elif e.resource == RESOURCE_VMEMORY:
+                vmemory[(e.pod_uid, e.container)] = len(e.device_ids)
+        return {key: RecordedDevices(ids, vmemory.get(key, 0)) for key, ids in vcore.items()}
 
 
 class KubeletPodResources:

@@ -51,7 +51,7 @@ def _containers() -> dict[str, dict[str, Any]]:
 # path setting fails the tests until it is listed here (and mounted).
 OPENS: dict[str, dict[str, bool]] = {
     "log_path": {"allocator": True},                      # ledger.sqlite (+ -wal, -shm, snapshots)
-    "device_plugin_dir": {"registrar": True},
+    "device_plugin_dir": {"registrar": True, "allocator": False},  # the allocator reads the kubelet's checkpoint
     "kubelet_plugins_dir": {"registrar": True},            # the DRA plugin's socket
     "plugins_registry_dir": {"registrar": True},           # its registration socket
     "cdi_dir": {"registrar": True},                        # CDI specs of prepared claims

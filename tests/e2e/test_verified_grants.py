@@ -1,19 +1,25 @@
 """A grant the kubelet's record has settled needs no pod-resources List at its PreStart or its release.
 
-Shortly after a grant's reply the allocator checks it against the kubelet's List: the kubelet records
+Shortly after a grant's reply the allocator checks it against the kubelet's record: the kubelet records
 a container's device IDs as soon as its Allocate returns, and they never move to another container
-while the pod lives. A grant the List shows under its own pod and container with exactly its device
+while the pod lives. A grant the record shows under its own pod and container with exactly its device
 IDs is settled, so a later PreStartContainer (each container start, restarts included) and the pod's
-release skip the List the kubelet rate-limits (100 a second, 10 at once). Counted by the allocator's
-``gpuledger_allocator_kubelet_lists_total{reason}``.
+release skip the List the kubelet rate-limits (100 a second, 10 at once). The record is read first
+from the kubelet's checkpoint file, which the simulated kubelet writes as a real one does: a grant it
+confirms costs no List at all. Counted by the allocator's ``gpuledger_allocator_kubelet_lists_total{reason}``
+and ``gpuledger_allocator_checkpoint_settled_total``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 
+from libs.kubelet.checkpoint import CHECKPOINT_FILE
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from libs.ledger.state import Allocation
 from tests.builders import gpu_pod
 from tests.e2e.helpers import Node
 from tests.polling import eventually
@@ -22,6 +28,11 @@ from tests.polling import eventually
 def lists(node: Node, reason: str) -> float:
     registry = node.services["allocator"].metrics.registry
     return registry.get_sample_value("gpuledger_allocator_kubelet_lists_total", {"reason": reason}) or 0.0
+
+
+def from_checkpoint(node: Node) -> float:
+    registry = node.services["allocator"].metrics.registry
+    return registry.get_sample_value("gpuledger_allocator_checkpoint_settled_total") or 0.0
 
 
 async def prestart(node: Node, device_ids: list[str]) -> None:
@@ -36,9 +47,13 @@ async def test_a_settled_grant_skips_the_list_at_prestart_and_at_release(node: N
     pod = await node.run_pod(gpu_pod("settled", ("c", 20, 1)))
     assert pod["status"]["phase"] == "Running", pod["status"]
     [grant] = [a for a in (await node.snapshot()).allocations if a.pod_name == "settled"]
+    handlers = node.services["allocator"].handlers
     assert lists(node, "allocate") == 1
-    await eventually(lambda: lists(node, "verify") + lists(node, "prestart") >= 1, timeout=5, interval=0.02,
+    await eventually(lambda: grant.alloc_id in handlers.settled, timeout=5, interval=0.02,
                      what="the grant checked against the kubelet's record")
+    # The kubelet's checkpoint confirmed it: no List of the allocator's own.
+    assert from_checkpoint(node) == 1
+    assert lists(node, "verify") == lists(node, "prestart") == 0
     before = {r: lists(node, r) for r in ("prestart", "release", "verify")}
 
     await prestart(node, list(grant.device_ids))  # the container restarts: the kubelet asks again
@@ -50,19 +65,38 @@ async def test_a_settled_grant_skips_the_list_at_prestart_and_at_release(node: N
     assert lists(node, "release") == before["release"]
 
 
-async def test_a_grant_the_record_does_not_show_is_listed_at_prestart(node: Node) -> None:
-    """Without the kubelet's word on the grant (its record not read since), PreStart asks it."""
-    pod = await node.run_pod(gpu_pod("unsettled", ("c", 20, 1)))
+async def _settled_then_forgotten(node: Node, name: str) -> Allocation:
+    pod = await node.run_pod(gpu_pod(name, ("c", 20, 1)))
     assert pod["status"]["phase"] == "Running", pod["status"]
-    [grant] = [a for a in (await node.snapshot()).allocations if a.pod_name == "unsettled"]
+    [grant] = [a for a in (await node.snapshot()).allocations if a.pod_name == name]
     handlers = node.services["allocator"].handlers
     await eventually(lambda: grant.alloc_id in handlers.settled, timeout=5, interval=0.02, what="settled")
-    # The check shortly after the grant may still have its List on the way: its answer would settle
-    # the grant again after the clear below.
+    # A check shortly after the grant may still be on its way: it would settle the grant again after
+    # the clear below.
     await eventually(lambda: handlers._verifying is None or handlers._verifying.done(), timeout=5, interval=0.02,
-                     what="no check's List on the way")
+                     what="no check on the way")
     handlers.settled.clear()  # as after a restart of the allocator: nothing settled in memory
-    before = lists(node, "prestart")
+    return grant
+
+
+async def test_a_grant_the_checkpoint_shows_is_settled_at_prestart_without_a_list(node: Node) -> None:
+    grant = await _settled_then_forgotten(node, "recorded")
+    before, confirmed = lists(node, "prestart"), from_checkpoint(node)
+    await prestart(node, list(grant.device_ids))
+    assert lists(node, "prestart") == before
+    assert from_checkpoint(node) == confirmed + 1
+    assert grant.alloc_id in node.services["allocator"].handlers.settled
+
+
+async def test_a_grant_no_readable_record_shows_is_listed_at_prestart(node: Node) -> None:
+    """Without the kubelet's word on the grant (nothing settled in memory, and a checkpoint file in a
+    layout this cannot read, as a future kubelet's might be), PreStart asks the List."""
+    grant = await _settled_then_forgotten(node, "unsettled")
+    checkpoint = Path(node.settings.device_plugin_dir) / CHECKPOINT_FILE
+    assert checkpoint.is_file()
+    checkpoint.write_bytes(b'{"Data": {"PodDeviceEntries": "a layout of the future"}}')
+    before, confirmed = lists(node, "prestart"), from_checkpoint(node)
     await prestart(node, list(grant.device_ids))
     assert lists(node, "prestart") == before + 1
-    assert grant.alloc_id in handlers.settled  # that List settled it again
+    assert from_checkpoint(node) == confirmed
+    assert grant.alloc_id in node.services["allocator"].handlers.settled  # that List settled it again
