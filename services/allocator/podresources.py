@@ -111,11 +111,12 @@ class RecordedDevices(msgspec.Struct, frozen=True):
 
 class KubeletCheckpoint:
     """The kubelet's checkpoint file (libs/kubelet/checkpoint.py): (pod uid, container) -> the devices
-    it was given. Read again only when the file changed (its inode, size or mtime). Callers only
-    confirm with it: it names pods by UID, which are never reused, so an entry that names a grant's
-    own pod and container with exactly its IDs was the kubelet's allocation for that grant, however
-    old the file; anything else is left to a List (which also corrects). A missing file (a kubelet
-    without device plugins yet, a directory not mounted) or one this cannot read is None."""
+    it was given. Read again only when the file changed (its inode, size or times). Callers only
+    confirm with it: an entry that names a grant's own pod UID and container with exactly its device
+    IDs records the kubelet's allocation of those IDs to that container, however old the file, so a
+    stale file can miss a grant but not confirm a wrong one; anything else is left to a List (which
+    also corrects). A missing file (a kubelet without device plugins yet, a directory not mounted)
+    or one this cannot read is None."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = str(path)

@@ -4,8 +4,10 @@ The kubelet admits pods one after another (an Allocate each), then creates their
 after a pod's sandbox does it ask PreStartContainer for the pod's containers. A pod-resources List is
 asked at each Allocate (by the registrar, which checks the grant with it and sends it on to the
 allocator); the kubelet has recorded the pod admitted before by then, so that List settles the
-earlier grant, whose PreStart then needs no List of its own. The kubelet allows
-100 Lists a second and 10 at once: a burst of pods must not cost two each.
+earlier grant, whose PreStart then needs no List of its own. The last pod's grant, which no later
+List settles, is confirmed at its PreStart by the kubelet's checkpoint file (rewritten after each
+container's Allocates), with no List either. The kubelet allows 100 Lists a second and 10 at once: a
+burst of pods costs one each, the Allocate's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def lists(node: RtNode, reason: str) -> float:
     return registry.get_sample_value("gpuledger_allocator_kubelet_lists_total", {"reason": reason}) or 0.0
 
 
+def from_checkpoint(node: RtNode) -> float:
+    registry = node.services["allocator"].metrics.registry
+    return registry.get_sample_value("gpuledger_allocator_checkpoint_settled_total") or 0.0
+
+
 async def test_the_second_pods_allocate_settles_the_first_pods_grant(
     rt_node: RtNode, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -33,6 +40,7 @@ async def test_the_second_pods_allocate_settles_the_first_pods_grant(
     # the PreStarts' can settle a grant here.
     monkeypatch.setattr(handlers, "_VERIFY_AFTER", 60.0)
     before = {reason: lists(node, reason) for reason in ("allocate", "prestart", "verify")}
+    confirmed = from_checkpoint(node)
 
     # 1. Two GPU pods at once: the kubelet admits the first, then the second, then starts both.
     await asyncio.gather(*(node.sim.create_pod(pod(name, gpu_container("cuda", cores=20, memory=1)))
@@ -56,11 +64,12 @@ async def test_the_second_pods_allocate_settles_the_first_pods_grant(
             "default", name, lambda p: p["status"].get("phase") in ("Running", "Failed"), 60)
         assert running["status"]["phase"] == "Running", running["status"]
 
-    # 3. One List per Allocate; the first grant was settled by the second Allocate's List, so of the
-    #    two PreStarts only the second pod's asked the kubelet (each asks when its grant is not
-    #    settled; without the Allocate's settling, the first pod's PreStart asks too).
+    # 3. One List per Allocate and no other: the first grant was settled by the second Allocate's
+    #    List, the second grant at its PreStart by the kubelet's checkpoint (a PreStart asks a List
+    #    only when neither has settled its grant).
     assert lists(node, "allocate") - before["allocate"] == 2
-    assert lists(node, "prestart") - before["prestart"] == 1
+    assert lists(node, "prestart") - before["prestart"] == 0
+    assert from_checkpoint(node) - confirmed == 1
     assert lists(node, "verify") == before["verify"]
     settled = node.services["allocator"].handlers.settled
     grants = {a.pod_name: a.alloc_id for a in await node.allocations()}
