@@ -127,8 +127,8 @@ class Allocator:
         # alloc id -> the kubelet's holder of exactly its device IDs, as a List after its Allocate showed
         # them (same pod and container): its identity is settled, and device IDs do not move while the
         # pod lives, so its PreStart and its release need no List of their own. Added to by every List
-        # (``_settle``) and by the kubelet's checkpoint (``_settled_by_checkpoint``); rebuilt by the checks that may
-        # correct grants (``verify_identity``).
+        # (``_settle``) and by the kubelet's checkpoint (``_settle_from_checkpoint``); rebuilt by the
+        # checks that may correct grants (``verify_identity``).
         self.settled: dict[str, DeviceHolder] = {}
         self._verifying: asyncio.Task[None] | None = None
         self._due: dict[str, float] = {}  # grants to settle -> when (monotonic), see _verify_soon
@@ -572,9 +572,9 @@ class Allocator:
         # The kubelet's record (it may correct the grant) and the granted pod, asked together: the
         # pod is looked up again only when a correction moved the grant to another pod.
         with _Ahead(guessed, self._active_pod) as active_pod:
-            settled = None
-            if guessed is not None and (guessed.alloc_id in self.settled or self._settled_by_checkpoint([guessed])):
-                settled = self.settled[guessed.alloc_id]
+            if guessed is not None:
+                self._settle_from_checkpoint([guessed])
+            settled = self.settled.get(guessed.alloc_id) if guessed is not None else None
             holder = settled or await self.verify_identity(req.device_ids, reason="prestart")
             alloc = self.state.find_by_devices(req.device_ids)
             if alloc is None:
@@ -662,8 +662,8 @@ class Allocator:
             due = [alloc_id for alloc_id, at in self._due.items() if at <= now]
             for alloc_id in due:
                 del self._due[alloc_id]
-            if self._settled_by_checkpoint([self.state.allocations[a] for a in due
-                                if a not in self.settled and a in self.state.allocations]):
+            self._settle_from_checkpoint([self.state.allocations[a] for a in due if a in self.state.allocations])
+            if all(a in self.settled or a not in self.state.allocations for a in due):
                 continue
             try:
                 record = await self.kubelet.list("verify")
@@ -671,17 +671,15 @@ class Allocator:
                 continue
             self._settle(record)
 
-    def _settled_by_checkpoint(self, allocs: list[Allocation]) -> bool:
-        """Settle those of ``allocs`` that the kubelet's checkpoint records as granted (the file is
-        read when it changed: far cheaper than a List, which the kubelet also rate-limits); whether
-        all of them are settled now."""
+    def _settle_from_checkpoint(self, allocs: list[Allocation]) -> None:
+        """Settle those of ``allocs`` not settled yet that the kubelet's checkpoint records as granted
+        (the file is read when it changed: far cheaper than a List, which the kubelet also rate-limits)."""
         pending = [a for a in allocs if a.alloc_id not in self.settled]
         if pending and self.checkpoint is not None and (recorded := self.checkpoint.recorded()):
             confirmed = confirmed_grants(pending, recorded)
             if confirmed:
                 self.settled.update(confirmed)
                 self.observer.checkpoint_settled(len(confirmed))
-        return all(a.alloc_id in self.settled for a in allocs)
 
     async def _correct(self, found: dict[frozenset[str], DeviceHolder], reason: str) -> None:
         pods = await self._pods(PodsRequest(fresh=True))

@@ -145,8 +145,8 @@ class KubeletCheckpoint:
             self.unreadable(path=self.path, error=f"{size} bytes, more than {MAX_CHECKPOINT_BYTES}")
             return None
         try:
-            with open(self.path, "rb") as fh:
-                entries = checkpoint_entries(fh.read(MAX_CHECKPOINT_BYTES + 1))
+            with open(self.path, "rb") as fh:  # bounded again: the file may be replaced since its stat
+                entries = checkpoint_entries(fh.read(MAX_CHECKPOINT_BYTES))
         except (OSError, CheckpointUnreadable) as exc:
             self.unreadable(path=self.path, error=str(exc))
             return None
