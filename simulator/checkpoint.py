@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libs.kubelet.checkpoint import CHECKPOINT_FILE  # the file's name, as the services read it
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 
 __all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointError", "CheckpointRow", "read_checkpoint",
            "write_checkpoint"]
-
-CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 
 
 class CheckpointError(ValueError):
