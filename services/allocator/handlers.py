@@ -233,8 +233,11 @@ class Allocator:
         finally:
             if (record := view.record) is not None:  # after the reply has gone
                 asyncio.get_running_loop().call_soon(self._settle, record)
-            elif forwarded is not None and not view.started:  # the registrar's List settles when it comes
-                forwarded.add_done_callback(self._settle_with)
+            elif forwarded is not None and not view.started:
+                if self._unsettled(besides=req.request_id):  # the registrar's List settles them when it comes
+                    forwarded.add_done_callback(self._settle_with)
+                else:  # nothing it could settle: not read at all
+                    self.forwarded.forgo(req.request_id, forwarded)
             view.cancel()
 
     @staticmethod
@@ -247,6 +250,14 @@ class Allocator:
         except PodResourcesUnavailable as exc:
             _logger.warning("the registrar's copy of the kubelet's List is unreadable", error=str(exc))
             return None
+
+    def _unsettled(self, *, besides: str) -> bool:
+        """Whether a grant a List could settle is not settled yet, the grants of request ``besides``
+        left out: a List the registrar asked as that request came in was answered before the kubelet
+        could record what the reply grants, so it cannot settle them."""
+        settled = self.settled
+        return any(a.request_id != besides and a.alloc_id not in settled and can_settle(a)
+                   for a in self.state.allocations.values())
 
     def _settle_with(self, listed: asyncio.Future[KubeletRecord]) -> None:
         if not listed.cancelled() and listed.exception() is None:

@@ -204,7 +204,8 @@ class ForwardedLists:
     Allocate. The request and its List come on two subscriptions, so a List may be handled before its
     request: such an early one is kept. Both kinds are bounded (``KEEP`` each, the oldest dropped): a
     List whose request never comes (the allocator restarted in between), or a request whose List is
-    lost, is not kept for ever."""
+    lost, is not kept for ever. A List its Allocate has no use for (``forgo``) is dropped unread when it
+    comes: reading one costs about 0.5 ms on a node with 30 GPU pods."""
 
     KEEP = 256
 
@@ -213,6 +214,8 @@ class ForwardedLists:
         self._on_list = on_list
         self._waiting: OrderedDict[str, asyncio.Future[KubeletRecord]] = OrderedDict()
         self._early: OrderedDict[str, KubeletListing] = OrderedDict()
+        self._forgone: OrderedDict[str, None] = OrderedDict()  # request ids whose List is not wanted
+        self.read = 0  # Lists read (parsed) here: for tests
 
     def expect(self, request_id: str) -> asyncio.Future[KubeletRecord]:
         """The record of the List asked for ``request_id``; it fails with PodResourcesUnavailable when
@@ -221,7 +224,7 @@ class ForwardedLists:
         future: asyncio.Future[KubeletRecord] = loop.create_future()
         early = self._early.pop(request_id, None)
         if early is not None:
-            _resolve(future, early)
+            self._resolve(future, early)
             return future
         self._waiting[request_id] = future
         future.add_done_callback(lambda done: self._drop(request_id, done))
@@ -229,9 +232,23 @@ class ForwardedLists:
             self._waiting.popitem(last=False)[1].cancel()
         return future
 
+    def forgo(self, request_id: str, future: asyncio.Future[KubeletRecord]) -> None:
+        """The List of ``future`` (``expect(request_id)``) is of no use: its wait ends, and it is not
+        read, unless it was already (it came before its request). One still to come is dropped when
+        it comes."""
+        future.cancel()
+        if self._waiting.pop(request_id, None) is None:  # come already
+            return
+        self._forgone[request_id] = None
+        while len(self._forgone) > self.KEEP:
+            self._forgone.popitem(last=False)
+
     async def on_listing(self, listing: KubeletListing) -> None:
         if self._on_list is not None:
             self._on_list("allocate")
+        if listing.request_id in self._forgone:
+            del self._forgone[listing.request_id]
+            return
         future = self._waiting.pop(listing.request_id, None)
         if future is None:
             self._early[listing.request_id] = listing
@@ -239,20 +256,20 @@ class ForwardedLists:
                 self._early.popitem(last=False)
             return
         # After what is ready to run (a reply on its way out, say): parsing waits its turn.
-        asyncio.get_running_loop().call_soon(_resolve, future, listing)
+        asyncio.get_running_loop().call_soon(self._resolve, future, listing)
 
     def _drop(self, request_id: str, done: asyncio.Future[KubeletRecord]) -> None:
         if self._waiting.get(request_id) is done:
             del self._waiting[request_id]
 
-
-def _resolve(future: asyncio.Future[KubeletRecord], listing: KubeletListing) -> None:
-    if future.done():
-        return
-    if listing.error:
-        future.set_exception(PodResourcesUnavailable(listing.error))
-        return
-    try:
-        future.set_result(parse_record(listing.listing))
-    except PodResourcesUnavailable as exc:
-        future.set_exception(exc)
+    def _resolve(self, future: asyncio.Future[KubeletRecord], listing: KubeletListing) -> None:
+        if future.done():
+            return
+        if listing.error:
+            future.set_exception(PodResourcesUnavailable(listing.error))
+            return
+        self.read += 1
+        try:
+            future.set_result(parse_record(listing.listing))
+        except PodResourcesUnavailable as exc:
+            future.set_exception(exc)

@@ -65,17 +65,23 @@ async def test_a_settled_grant_skips_the_list_at_prestart_and_at_release(node: N
     assert lists(node, "release") == before["release"]
 
 
-async def _settled_then_forgotten(node: Node, name: str) -> Allocation:
+async def _settled(node: Node, name: str) -> Allocation:
+    """The grant of a new running pod, once settled, with no check of it still on its way."""
     pod = await node.run_pod(gpu_pod(name, ("c", 20, 1)))
     assert pod["status"]["phase"] == "Running", pod["status"]
     [grant] = [a for a in (await node.snapshot()).allocations if a.pod_name == name]
     handlers = node.services["allocator"].handlers
     await eventually(lambda: grant.alloc_id in handlers.settled, timeout=5, interval=0.02, what="settled")
     # A check shortly after the grant may still be on its way: it would settle the grant again after
-    # the clear below.
+    # a caller forgets it.
     await eventually(lambda: handlers._verifying is None or handlers._verifying.done(), timeout=5, interval=0.02,
                      what="no check on the way")
-    handlers.settled.clear()  # as after a restart of the allocator: nothing settled in memory
+    return grant
+
+
+async def _settled_then_forgotten(node: Node, name: str) -> Allocation:
+    grant = await _settled(node, name)
+    node.services["allocator"].handlers.settled.clear()  # as after a restart of the allocator: nothing settled
     return grant
 
 
@@ -100,3 +106,29 @@ async def test_a_grant_no_readable_record_shows_is_listed_at_prestart(node: Node
     assert lists(node, "prestart") == before + 1
     assert from_checkpoint(node) == confirmed
     assert grant.alloc_id in node.services["allocator"].handlers.settled  # that List settled it again
+
+
+async def test_a_forwarded_list_that_can_settle_nothing_is_not_read(node: Node) -> None:
+    """The registrar sends the allocator the List it asked at each Allocate. It was answered before the
+    kubelet recorded that Allocate's devices, so it can only settle earlier grants: when all of them are
+    settled already (the kubelet's checkpoint settles each 20 ms after it), reading it would cost the
+    allocator a parse that grows with the node's pods, for nothing."""
+    handlers = node.services["allocator"].handlers
+    await _settled(node, "first")
+    read, received = handlers.forwarded.read, lists(node, "allocate")
+    pod = await node.run_pod(gpu_pod("second", ("c", 20, 1)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    [grant] = [a for a in (await node.snapshot()).allocations if a.pod_name == "second"]
+    await eventually(lambda: grant.alloc_id in handlers.settled, timeout=5, interval=0.02, what="settled")
+    assert lists(node, "allocate") == received + 1  # the registrar's List came...
+    assert handlers.forwarded.read == read  # ...and was not read
+
+
+async def test_a_forwarded_list_settles_an_earlier_grant_not_settled_yet(node: Node) -> None:
+    handlers = node.services["allocator"].handlers
+    first = await _settled_then_forgotten(node, "first")  # not settled in memory, as after a restart
+    read = handlers.forwarded.read
+    pod = await node.run_pod(gpu_pod("second", ("c", 20, 1)))
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    assert handlers.forwarded.read == read + 1
+    assert first.alloc_id in handlers.settled  # by the second pod's List: nothing else looks at the first
