@@ -84,7 +84,8 @@ class AllocateReply(msgspec.Struct, kw_only=True):
 class KubeletListing(msgspec.Struct, kw_only=True):
     """The kubelet's List the registrar asked as an Allocate came in, sent on to the allocator as soon as
     it is answered (``allocator.kubelet-list``, core NATS): the allocator uses it when it needs the List
-    itself, and settles earlier grants with it, as with a List of its own."""
+    itself, and settles earlier grants with it, as with a List of its own (when one is unsettled: else
+    it drops it unread)."""
 
     request_id: str
     listing: bytes = b""  # the ListPodResourcesResponse as the kubelet sent it

@@ -11,10 +11,11 @@ append, with the reply waiting for it.
 The answer is kept as the kubelet sent it and goes on to the allocator the moment it comes
 (``KubeletListing``): the allocator uses it when it needs the List itself (several pods could be
 asking, or the pod's notification is late), so the kubelet is still asked once per Allocate, and
-settles earlier grants with it. Every List is bounded by its timeout; a failed one is sent on too
-(the allocator then asks itself) and checks nothing here, as when the kubelet's List is not available
-to the allocator (the grant stands as matched). Without a socket nothing is asked, and the request
-says so (the allocator then asks the kubelet itself).
+settles earlier grants with it (it drops it unread when there is none to settle). Every List is
+bounded by its timeout; a failed one is sent on too (the allocator then asks itself) and checks
+nothing here, as when the kubelet's List is not available to the allocator (the grant stands as
+matched). Without a socket nothing is asked, and the request says so (the allocator then asks the
+kubelet itself).
 """
 
 from __future__ import annotations
