@@ -734,6 +734,7 @@ class Allocator:
     # --- release, queries ---
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
         grants = _device_plugin_grants(self.state, req.pod_uid)
+        self._settle_from_checkpoint(grants)  # while the kubelet still records the pod (after a restart, say)
         if any(a.alloc_id not in self.settled for a in grants):  # a settled grant is the pod's own
             await self._move_misattributed_grants(req.pod_uid)
         return await self._release_recorded(req)

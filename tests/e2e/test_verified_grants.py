@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from libs.commands import ReleaseRequest
 from libs.kubelet.checkpoint import CHECKPOINT_FILE
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from libs.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -132,3 +133,23 @@ async def test_a_forwarded_list_settles_an_earlier_grant_not_settled_yet(node: N
     assert pod["status"]["phase"] == "Running", pod["status"]
     assert handlers.forwarded.read == read + 1
     assert first.alloc_id in handlers.settled  # by the second pod's List: nothing else looks at the first
+
+
+async def test_a_grant_the_checkpoint_shows_is_released_without_a_list(node: Node) -> None:
+    """Released while the kubelet's checkpoint still records the pod (here: released at once, the pod
+    still running), after the allocator forgot what it had settled: the file settles it, no List."""
+    grant = await _settled_then_forgotten(node, "leaving")
+    before, confirmed = lists(node, "release"), from_checkpoint(node)
+    reply = await node.services["allocator"].handlers.release(ReleaseRequest(pod_uid=grant.pod_uid, reason="test"))
+    assert reply.released == [grant.alloc_id]
+    assert lists(node, "release") == before
+    assert from_checkpoint(node) == confirmed + 1
+
+
+async def test_a_grant_no_readable_record_shows_is_listed_at_release(node: Node) -> None:
+    grant = await _settled_then_forgotten(node, "leaving")
+    (Path(node.settings.device_plugin_dir) / CHECKPOINT_FILE).write_bytes(b'{"Data": {"PodDeviceEntries": "?"}}')
+    before = lists(node, "release")
+    reply = await node.services["allocator"].handlers.release(ReleaseRequest(pod_uid=grant.pod_uid, reason="test"))
+    assert reply.released == [grant.alloc_id]
+    assert lists(node, "release") == before + 1
