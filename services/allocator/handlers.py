@@ -237,7 +237,7 @@ class Allocator:
                 if self._unsettled(besides=req.request_id):  # the registrar's List settles them when it comes
                     forwarded.add_done_callback(self._settle_with)
                 else:  # nothing it could settle: not read at all
-                    self.forwarded.forgo(req.request_id, forwarded)
+                    forwarded.cancel()
             view.cancel()
 
     @staticmethod

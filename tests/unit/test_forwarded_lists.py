@@ -1,6 +1,6 @@
 """The registrar's Lists handed to their Allocates (services/allocator/podresources.py ``ForwardedLists``):
 a List read when its Allocate waits for it, kept when it comes first, and dropped unread when its
-Allocate has no use for it (``forgo``), with nothing of it kept."""
+Allocate gave up waiting for it (cancelled the wait), with nothing of it kept."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ async def test_a_forgone_list_is_dropped_unread_and_not_kept() -> None:
     seen: list[str] = []
     lists = ForwardedLists(on_list=seen.append)
     future = lists.expect("r1")
-    lists.forgo("r1", future)
+    future.cancel()
+    await settle()
     assert future.cancelled()
     await lists.on_listing(KubeletListing(request_id="r1", listing=LISTING))
     await settle()
@@ -63,7 +64,7 @@ async def test_a_list_forgone_as_it_is_being_read_is_not_read() -> None:
     lists = ForwardedLists()
     future = lists.expect("r1")
     await lists.on_listing(KubeletListing(request_id="r1", listing=LISTING))  # its reading waits a loop turn
-    lists.forgo("r1", future)
+    future.cancel()
     await settle()
     assert future.cancelled()
     assert lists.read == 0
@@ -72,8 +73,9 @@ async def test_a_list_forgone_as_it_is_being_read_is_not_read() -> None:
 async def test_forgone_ids_are_bounded() -> None:
     lists = ForwardedLists()
     for i in range(ForwardedLists.KEEP + 10):
-        lists.forgo(f"r{i}", lists.expect(f"r{i}"))
-    assert len(lists._forgone) == ForwardedLists.KEEP
+        lists.expect(f"r{i}").cancel()
+    await settle()
+    assert len(lists._unwanted) == ForwardedLists.KEEP
     assert not lists._waiting
 
 
@@ -81,6 +83,19 @@ async def test_forgoing_a_list_read_already_keeps_nothing() -> None:
     lists = ForwardedLists()
     await lists.on_listing(KubeletListing(request_id="r1", listing=LISTING))
     future = lists.expect("r1")  # it came first: read now
-    lists.forgo("r1", future)
+    future.cancel()
+    await settle()
     assert lists.read == 1
-    assert not lists._forgone
+    assert not lists._unwanted
+
+
+async def test_a_wait_asked_again_after_its_first_was_given_up_gets_the_list() -> None:
+    """An Allocate tried again under the same request id (placed again after no room was found) waits
+    for the List once more: giving up the first wait must not drop the List the second waits for."""
+    lists = ForwardedLists()
+    lists.expect("r1").cancel()
+    await settle()
+    again = lists.expect("r1")
+    await lists.on_listing(KubeletListing(request_id="r1", listing=LISTING))
+    assert (await asyncio.wait_for(again, 1)).containers
+    assert lists.read == 1
