@@ -130,8 +130,10 @@ async def wait_for_gpu_resources(sim: NodeSimulator, vcore: int, timeout: float)
         raise TimeoutError(f"{RESOURCE_VMEMORY}: nothing allocatable within {timeout:g}s") from None
 
 
-async def start_in_process(stack: AsyncExitStack, root: Path, url: str, settings: Settings) -> Node:
-    """The simulator and the four services in this process, registered with the simulated kubelet."""
+async def start_in_process(stack: AsyncExitStack, root: Path, url: str, settings: Settings, *,
+                           vcore: int = 400) -> Node:
+    """The simulator and the four services in this process, registered with the simulated kubelet
+    (``vcore``: the vcore devices to wait for; 400 is the default fake profile's four GPUs)."""
     node = await base_node(stack, root, url, settings)
     node.services = {
         "allocator": await stack.enter_async_context(allocator_app.service(settings)),
@@ -139,7 +141,7 @@ async def start_in_process(stack: AsyncExitStack, root: Path, url: str, settings
         "vmanager": await stack.enter_async_context(vmanager_app.service(settings)),
         "registrar": await stack.enter_async_context(registrar_app.service(settings)),
     }
-    await wait_for_gpu_resources(node.sim, 400, timeout=20)
+    await wait_for_gpu_resources(node.sim, vcore, timeout=20)
     return node
 
 
