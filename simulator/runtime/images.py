@@ -5,8 +5,9 @@
 * ``localhost/gpuledger/busybox:1``: the test image. ``busybox-static`` with one link per applet,
   ``/bin/vcuda-register`` (``csrc/vcuda_register.c``, static: the in-container client that registers
   through the mounted ``vcuda.sock`` as a CUDA interception library does), ``/bin/cuda-probe``
-  (``csrc/cuda_probe.c``, dynamic: loads ``libcuda.so.1`` through the dynamic loader) with the host's
-  loader and libc, and ``/etc/passwd``, ``/etc/group``, ``/tmp``.
+  (``csrc/cuda_probe.c``, dynamic: loads ``libcuda.so.1`` through the dynamic loader; on a GPU machine
+  it also initialises CUDA, names the devices and holds memory) with the host's loader and libc (and
+  the glibc libraries a real driver's libcuda needs), and ``/etc/passwd``, ``/etc/group``, ``/tmp``.
 
 Each image is one gzip layer written deterministically (mtime 0, uid 0), an OCI config and manifest,
 and an ``index.json`` whose descriptor carries ``io.containerd.image.name``, which ``ctr images
@@ -36,6 +37,8 @@ PAUSE_IMAGE = "localhost/gpuledger/pause:1"
 BUSYBOX_IMAGE = "localhost/gpuledger/busybox:1"
 CSRC = Path(__file__).parent / "csrc"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+# glibc's other libraries that a real NVIDIA driver's libcuda.so.1 names (DT_NEEDED)
+REAL_LIBCUDA_NEEDS = ("libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -189,6 +192,11 @@ def build_images(out: Path) -> BuiltImages:
     test.files["/lib64/ld-linux-x86-64.so.2" if _arch() == "amd64" else "/lib/ld-linux-aarch64.so.1"] = (
         0o755, Path(os.path.realpath(_loader())).read_bytes())
     test.files[f"/lib/{_multiarch()}/libc.so.6"] = (0o755, Path(os.path.realpath(_libc())).read_bytes())
+    # What a real driver's libcuda.so.1 also links against, so that a GPU machine's test can load it
+    for name in REAL_LIBCUDA_NEEDS:
+        found = _glibc_library(name)
+        if found is not None:
+            test.files[f"/lib/{_multiarch()}/{name}"] = (0o755, Path(os.path.realpath(found)).read_bytes())
     test.files["/etc/passwd"] = (0o644, b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
     test.files["/etc/group"] = (0o644, b"root:x:0:\nnogroup:x:65534:\n")
     busybox_tar = write_layout(out, BUSYBOX_IMAGE, test, entrypoint=[], cmd=["/bin/sh"])
@@ -203,11 +211,18 @@ def _loader() -> str:
     return "/lib64/ld-linux-x86-64.so.2" if _arch() == "amd64" else "/lib/ld-linux-aarch64.so.1"
 
 
-def _libc() -> str:
-    for candidate in (f"/lib/{_multiarch()}/libc.so.6", f"/usr/lib/{_multiarch()}/libc.so.6", "/lib64/libc.so.6"):
+def _glibc_library(name: str) -> str | None:
+    for candidate in (f"/lib/{_multiarch()}/{name}", f"/usr/lib/{_multiarch()}/{name}", f"/lib64/{name}"):
         if Path(candidate).exists():
             return candidate
-    raise ImageBuildError("no libc.so.6 found for the test image's dynamic loader")
+    return None
+
+
+def _libc() -> str:
+    found = _glibc_library("libc.so.6")
+    if found is None:
+        raise ImageBuildError("no libc.so.6 found for the test image's dynamic loader")
+    return found
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode
 from tests.builders import gpu_pod, settings_for
 from tests.builders.cgroups import enter_container
+from tests.builders.nvml import nvml_truth, uuid_hex
 from tests.e2e.helpers import Node, start_in_process
 from tests.observability.helpers import HEALTH, free_port_base, scrape, scraped, value
 from tests.polling import eventually
@@ -54,23 +55,6 @@ call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(int(sys.argv[2])))
 print(count.value, bytes(uuid).hex(), flush=True)
 sys.stdin.read()
 """
-
-
-def nvml_truth() -> list[tuple[str, int, int]]:
-    """(uuid, minor, memory) of each GPU, from NVML itself rather than through our backend."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            out.append((uuid, pynvml.nvmlDeviceGetMinorNumber(h), pynvml.nvmlDeviceGetMemoryInfo(h).total))
-        return out
-    finally:
-        pynvml.nvmlShutdown()
 
 
 @pytest.fixture
@@ -161,7 +145,7 @@ async def test_cuda_through_the_driver_volume_and_its_memory_mapped_to_the_conta
         given = opts["envs"]["NVIDIA_VISIBLE_DEVICES"]
         assert given in {u for u, _, _ in truth}
         if len(truth) == 1:  # with several, CUDA's device 0 need not be NVML's index 0
-            assert seen == given.removeprefix("GPU-").replace("-", "")
+            assert seen == uuid_hex(given)
 
         # NVML names the program's pid; its cgroup names the container; the sample maps them.
         cid = next(s["containerID"] for s in pod["status"]["containerStatuses"]).split("://", 1)[1]

@@ -55,7 +55,7 @@ class RtNode:
 
     sim: NodeSimulator
     settings: Settings
-    gpus: FakeGpus
+    gpus: FakeGpus | None  # None: the machine's real GPUs (NVML)
     services: dict[str, Any] = field(default_factory=dict)
     launcher: Any = None
 
@@ -125,16 +125,27 @@ def pod_cgroup_dirs(uid: str) -> list[str]:
     return found
 
 
+def cgroup_v2() -> bool:
+    """The host's cgroups are v2 alone (where containerd gives each container a cgroup namespace)."""
+    return Path("/sys/fs/cgroup/cgroup.controllers").is_file()
+
+
+async def host_cgroup_of_pid1(node: RtNode, pod_name: str, container: str) -> str:
+    """/proc/<pid>/cgroup of the container's first process, read on the host."""
+    pid = await node.client.container_pid(runtime_id(node.pod(pod_name), container))
+    return Path(f"/proc/{pid}/cgroup").read_text()
+
+
 def mounts_under(prefix: str) -> list[str]:
     return [line.split(" ")[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
             if line.split(" ")[4].startswith(prefix)]
 
 
-def rt_settings(root: Path, nats_url: str, gpus: FakeGpus, **overrides: Any) -> Settings:
+def rt_settings(root: Path, nats_url: str, gpus: FakeGpus | None, **overrides: Any) -> Settings:
     return Settings(
         node_name=NODE, state_dir=str(root / "state"), device_plugin_dir=str(root / "dp"),
         pod_resources_socket=str(root / "pr" / "kubelet.sock"), kubeconfig=str(root / "kubeconfig"),
-        nats_url=nats_url, gpus=f"fake:{gpus.profile}", allocate_timeout=5.0, request_timeout=3.0,
+        nats_url=nats_url, gpus=f"fake:{gpus.profile}" if gpus else "nvml", allocate_timeout=5.0, request_timeout=3.0,
         cgroup_root="/sys/fs/cgroup", proc_root="/proc",  # the real ones: containers are real
         **{"driver_volumes": False, **overrides},
     )
@@ -156,7 +167,7 @@ def assert_nothing_left(root: Path, handle: Any) -> None:
     assert mounts_under(str(root)) == []
 
 
-async def start_rt_node(stack: AsyncExitStack, root: Path, url: str, images: Path, gpus: FakeGpus,
+async def start_rt_node(stack: AsyncExitStack, root: Path, url: str, images: Path, gpus: FakeGpus | None,
                         sim_overrides: dict[str, Any] | None = None, **overrides: Any) -> RtNode:
     sim = await start_rt_sim(root, images, **(sim_overrides or {}))
     handle = sim.runtime
