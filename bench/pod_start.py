@@ -22,7 +22,8 @@ The durable floor, a fourth kind with ``--durable-floor``: the floor whose core 
 one NATS request answered after one fsync'd SQLite append (bench/echo_ledger.py), the least that
 gpuledger's promise adds to the floor. It runs last (GPU i, plain i, floor i, durable i).
 The four services run as their own processes (``gpuledger up``'s way), or in this process with
-``--services in-process`` (as in tests/runtime); needs root + containerd.
+``--services in-process`` (as in tests/runtime); needs root + containerd, and cgroup v1 or hybrid: on
+cgroup v2 the GPU container's own /proc/self/cgroup hides its ids (docs/limit-delivery.md).
 Printed with the p50 overhead: its 95 % bootstrap interval over the run's pairs of pods, since one
 run's p50 moves by a few percent from run to run on a busy machine.
 
@@ -321,6 +322,9 @@ def main() -> None:
     reason = runtime_unavailable_reason()
     if reason:
         raise SystemExit(f"bench.pod_start needs the real runtime: {reason}")
+    if Path("/sys/fs/cgroup/cgroup.controllers").is_file():
+        raise SystemExit("bench.pod_start needs cgroup v1 or hybrid: on cgroup v2 its GPU container cannot find "
+                         "its own ids in /proc/self/cgroup (a cgroup namespace of its own; docs/limit-delivery.md)")
     configure_logging("bench", fmt="console", level="warning")
     try:
         result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint, args.cpu,
