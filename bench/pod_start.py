@@ -55,6 +55,7 @@ from bench.pod_start_cpu import CpuMeter
 from bench.pod_start_trace import Trace, install
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
+from libs.cgroups import unified_only
 from libs.config import Settings
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.logger import configure_logging
@@ -322,7 +323,7 @@ def main() -> None:
     reason = runtime_unavailable_reason()
     if reason:
         raise SystemExit(f"bench.pod_start needs the real runtime: {reason}")
-    if Path("/sys/fs/cgroup/cgroup.controllers").is_file():
+    if unified_only():
         raise SystemExit("bench.pod_start needs cgroup v1 or hybrid: on cgroup v2 its GPU container cannot find "
                          "its own ids in /proc/self/cgroup (a cgroup namespace of its own; docs/limit-delivery.md)")
     configure_logging("bench", fmt="console", level="warning")

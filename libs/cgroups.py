@@ -40,6 +40,7 @@ __all__ = [
     "parse_proc_cgroup",
     "pod_cgroup_paths",
     "read_pids",
+    "unified_only",
 ]
 
 QOS_CLASSES = ("Guaranteed", "Burstable", "BestEffort")
@@ -101,12 +102,17 @@ def container_cgroup_paths(pod_uid: str, container_id: str, qos: str | None = No
     return out
 
 
+def unified_only(cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
+    """cgroup v2 alone (not v1, not hybrid): where runtimes give each container a cgroup namespace."""
+    # os.path, not pathlib: a registration asks this, and pathlib stats cost it tens of us.
+    return os.path.isfile(os.path.join(os.fspath(cgroup_root), "cgroup.controllers"))
+
+
 def hierarchy_roots(cgroup_root: Path) -> list[Path]:
     """The hierarchies to look in: the unified one (v2, hybrid) and the v1 ones that exist."""
-    # os.path, not pathlib: a registration asks this, and six pathlib stats cost it 50 us.
-    root = os.fspath(cgroup_root)
-    if os.path.isfile(os.path.join(root, "cgroup.controllers")):
+    if unified_only(cgroup_root):
         return [cgroup_root]
+    root = os.fspath(cgroup_root)
     return [cgroup_root / name for name in ("unified", *V1_HIERARCHIES) if os.path.isdir(os.path.join(root, name))]
 
 

@@ -125,11 +125,6 @@ def pod_cgroup_dirs(uid: str) -> list[str]:
     return found
 
 
-def cgroup_v2() -> bool:
-    """The host's cgroups are v2 alone (where containerd gives each container a cgroup namespace)."""
-    return Path("/sys/fs/cgroup/cgroup.controllers").is_file()
-
-
 async def host_cgroup_of_pid1(node: RtNode, pod_name: str, container: str) -> str:
     """/proc/<pid>/cgroup of the container's first process, read on the host."""
     pid = await node.client.container_pid(runtime_id(node.pod(pod_name), container))

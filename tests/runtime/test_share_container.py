@@ -3,12 +3,12 @@ vcuda.sock from inside its own PID namespace, and reads back its own vcuda.confi
 
 from __future__ import annotations
 
+from libs.cgroups import unified_only
 from libs.kube.pods import RESOURCE_VCORE
 from services.registrar.prestart import AHEAD_AFTER_S
 from tests.runtime.helpers import (
     VCUDA_SOCK,
     RtNode,
-    cgroup_v2,
     gpu_container,
     host_cgroup_of_pid1,
     pod,
@@ -38,7 +38,7 @@ async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(
     assert any(" /etc/vcuda " in line and "ro," in line for line in lines), out
     # The cgroup runc made, under the QoS parent. On cgroup v2 containerd gives the container a cgroup
     # namespace of its own, so from inside it is "/"; the host sees the real path.
-    if cgroup_v2():
+    if unified_only():
         assert "0::/" in lines, out
         assert f"/kubepods/besteffort/pod{uid}/{cid}" in await host_cgroup_of_pid1(node, "share", "cuda")
     else:
@@ -68,7 +68,7 @@ async def test_share_container_registers_from_inside_and_reads_its_vcuda_config(
     # runs): its ids from /proc/self/cgroup, the registration, its own 8240-byte vcuda.config read,
     # then its "running" file, created only once all of that succeeded.
     reply = await node.exec("share", "cuda", "/bin/vcuda-register", "--self", VCUDA_SOCK, "/tmp/ready")
-    if cgroup_v2():
+    if unified_only():
         # Not on cgroup v2: inside its cgroup namespace the container's /proc/self/cgroup is "0::/",
         # so a library that finds its container there (vcuda-controller reads v1's `memory` line; this
         # client the kubepods path) cannot. Registration by an id given from outside (3.) is what works
