@@ -23,6 +23,7 @@ from libs.config import MEMORY_BLOCK
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
 from libs.vcuda.client import register_vdevice
 from libs.vcuda.config import decode
+from simulator.runtime.fakegpus import NVIDIA_MAJOR
 from tests.builders import gpu_pod, settings_for
 from tests.builders.cgroups import enter_container
 from tests.builders.nvml import nvml_truth, uuid_hex
@@ -31,8 +32,6 @@ from tests.observability.helpers import HEALTH, free_port_base, scrape, scraped,
 from tests.polling import eventually
 
 pytestmark = pytest.mark.gpu
-
-NVIDIA_MAJOR = 195
 
 # What a CUDA program does first, through the driver API alone (no toolkit needed): initialise, find
 # the device, make its context current, allocate. Then it holds the memory until its stdin closes.
