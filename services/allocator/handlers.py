@@ -583,9 +583,10 @@ class Allocator:
         # The kubelet's record (it may correct the grant) and the granted pod, asked together: the
         # pod is looked up again only when a correction moved the grant to another pod.
         with _Ahead(guessed, self._active_pod) as active_pod:
+            settled = None
             if guessed is not None:
                 self._settle_from_checkpoint([guessed])
-            settled = self.settled.get(guessed.alloc_id) if guessed is not None else None
+                settled = self.settled.get(guessed.alloc_id)
             holder = settled or await self.verify_identity(req.device_ids, reason="prestart")
             alloc = self.state.find_by_devices(req.device_ids)
             if alloc is None:
@@ -673,8 +674,9 @@ class Allocator:
             due = [alloc_id for alloc_id, at in self._due.items() if at <= now]
             for alloc_id in due:
                 del self._due[alloc_id]
-            self._settle_from_checkpoint([self.state.allocations[a] for a in due if a in self.state.allocations])
-            if all(a in self.settled or a not in self.state.allocations for a in due):
+            live = [self.state.allocations[a] for a in due if a in self.state.allocations]
+            self._settle_from_checkpoint(live)
+            if all(a.alloc_id in self.settled for a in live):
                 continue
             try:
                 record = await self.kubelet.list("verify")
