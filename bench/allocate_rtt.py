@@ -46,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.allocate_tail import log_size, phase_tail
 from bench.echo_ledger import APPENDS_SUBJECT
+from bench.machine import interpreter
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
@@ -335,7 +336,7 @@ async def main() -> None:
             entry.unlink()
     print(f"services' logs: {workdir / 'logs'}", file=sys.stderr)
     load = os.getloadavg()
-    results["machine"] = (f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}, "
+    results["machine"] = (f"{platform.machine()} {os.cpu_count()} cpu, {interpreter()}, "
                           f"load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}")
     report(results)
     if args.json:

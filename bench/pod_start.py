@@ -51,6 +51,7 @@ from typing import Any
 from bench.allocate_rtt import percentile, start_helper, stop_helpers, summary
 from bench.echo_gpu import resources
 from bench.echo_plugin import DEVICES as FLOOR_DEVICES
+from bench.machine import interpreter
 from bench.pod_start_cpu import CpuMeter
 from bench.pod_start_trace import Trace, install
 from gpuledger.launcher import Launcher
@@ -138,7 +139,7 @@ async def run(pods: int, breakdown: bool = False, services: str = "processes",
         shutil.rmtree(root, ignore_errors=True)
     gpu, plain = summary(NAMES["gpu"], times["gpu"]), summary(NAMES["plain"], times["plain"])
     result = {
-        "machine": f"{platform.machine()} {platform.system()} {platform.release()}",
+        "machine": f"{platform.machine()} {platform.system()} {platform.release()}, {interpreter()}",
         "services": services,
         "container_runtime_endpoint": runtime_endpoint,
         "containerd_start_s": containerd_start,
@@ -342,7 +343,7 @@ def main() -> None:
     print(f"gpuledger adds {result['p50_overhead_pct']}% at p50 (95 % bootstrap interval {low} to {high} %), "
           f"{result['p99_overhead_pct']}% at p99, "
           f"{result['paired_extra_ms']} ms per pod (median of GPU pod i - plain pod i) "
-          f"(containerd start {result['containerd_start_s']} s)")
+          f"(containerd start {result['containerd_start_s']} s; {result['machine']})")
     for floor_kind, what, beyond in (("floor", "the bare floor (bench/echo_gpu.py)", "gpuledger's own work"),
                                      ("durable", "the durable floor (bench/echo_gpu.py --bus)", "gpuledger beyond it")):
         if floor_kind in result:
