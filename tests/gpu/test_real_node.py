@@ -28,8 +28,9 @@ from tests.builders import gpu_pod, settings_for
 from tests.builders.cgroups import enter_container
 from tests.builders.nvml import nvml_truth, uuid_hex
 from tests.e2e.helpers import Node, start_in_process
-from tests.observability.helpers import HEALTH, free_port_base, scrape, scraped, value
+from tests.observability.helpers import HEALTH, free_port_base, holds_gpu_memory, scrape, scraped, value
 from tests.polling import eventually
+from tests.runtime.helpers import runtime_id
 
 pytestmark = pytest.mark.gpu
 
@@ -94,7 +95,7 @@ async def test_shares_and_whole_gpus_of_the_real_gpus(gpu_node: Node) -> None:
     for d in opts["devices"][1:]:
         assert_device_node(d["host_path"])
     assert opts["envs"]["NVIDIA_VISIBLE_DEVICES"] == uuid
-    cid = next(s["containerID"] for s in pod["status"]["containerStatuses"]).split("://", 1)[1]
+    cid = runtime_id(pod, "main")
     vm_dir = node.settings.vm_root / uid
     node.enter_container(uid, cid)
     await register_vdevice(str(vm_dir / "vcuda.sock"), pod_uid=uid, container_id=cid, timeout=5)
@@ -147,12 +148,8 @@ async def test_cuda_through_the_driver_volume_and_its_memory_mapped_to_the_conta
             assert seen == uuid_hex(given)
 
         # NVML names the program's pid; its cgroup names the container; the sample maps them.
-        cid = next(s["containerID"] for s in pod["status"]["containerStatuses"]).split("://", 1)[1]
-        enter_container(Path(node.settings.proc_root).parent, uid, cid, pid=child.pid)
-        def holds(samples: dict) -> bool:
-            return any(x.labels.get("pod_name") == "cuda" and x.labels.get("gpu_memory") == "total"
-                       and x.value >= held >> 20 for x in samples.get("container_gpu_memory_total", []))
-
+        enter_container(Path(node.settings.proc_root).parent, uid, runtime_id(pod, "main"), pid=child.pid)
+        holds = holds_gpu_memory("cuda", held)
         m = await eventually(lambda: scraped(node.settings.metrics_port, holds), timeout=30, interval=0.5,
                              what="the CUDA program's memory under its container on the allocator's /metrics")
         index = next(i for i, (u, _, _) in enumerate(truth) if u == given)

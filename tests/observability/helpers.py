@@ -57,6 +57,17 @@ def value(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
     return found[0]
 
 
+def holds_gpu_memory(pod_name: str, at_least: int, container: str | None = None
+                     ) -> Callable[[dict[str, list[Any]]], bool]:
+    """A check for ``scraped``: the pod's container (any, or ``container``) holds at least ``at_least``
+    bytes of GPU memory in all (``container_gpu_memory_total``, in MiB)."""
+    def check(samples: dict[str, list[Any]]) -> bool:
+        return any(x.labels.get("pod_name") == pod_name and x.labels.get("gpu_memory") == "total"
+                   and container in (None, x.labels.get("container_name")) and x.value >= at_least >> 20
+                   for x in samples.get("container_gpu_memory_total", []))
+    return check
+
+
 async def scraped(port: int, check: Callable[[dict[str, list[Any]]], bool]) -> dict[str, list[Any]] | None:
     """The port's samples if they pass ``check``, else None: a predicate for tests.polling.eventually."""
     samples = await asyncio.to_thread(scrape, port)

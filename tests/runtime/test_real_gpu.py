@@ -14,7 +14,7 @@ import pytest
 
 from libs.bus.server import NatsServer
 from tests.builders.nvml import nvml_truth, uuid_hex
-from tests.observability.helpers import HEALTH, free_port_base, scraped
+from tests.observability.helpers import HEALTH, free_port_base, holds_gpu_memory, scraped
 from tests.polling import eventually
 from tests.runtime.helpers import RtNode, gpu_container, pod, start_rt_node, start_services_in_process
 
@@ -74,10 +74,6 @@ async def test_a_whole_gpu_container_runs_cuda_on_its_gpu(rt_gpu_node: RtNode) -
     assert held == f"held {HELD}"
 
     # NVML names the program's host pid; its cgroup (runc's, under the pod's) names the container.
-    def holds(samples: dict) -> bool:
-        return any(x.labels.get("pod_name") == "cuda" and x.labels.get("container_name") == "main"
-                   and x.labels.get("gpu_memory") == "total" and x.value >= HELD >> 20
-                   for x in samples.get("container_gpu_memory_total", []))
-
+    holds = holds_gpu_memory("cuda", HELD, container="main")
     await eventually(lambda: scraped(node.settings.metrics_port, holds), timeout=30, interval=0.5,
                      what="the container's GPU memory on the allocator's /metrics")
