@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -46,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.allocate_tail import log_size, phase_tail
 from bench.echo_ledger import APPENDS_SUBJECT
-from bench.machine import interpreter
+from bench.machine import describe
 from gpuledger.launcher import Launcher
 from libs.bus.server import NatsServer
 from libs.config import Settings
@@ -336,7 +335,7 @@ async def main() -> None:
             entry.unlink()
     print(f"services' logs: {workdir / 'logs'}", file=sys.stderr)
     load = os.getloadavg()
-    results["machine"] = (f"{platform.machine()} {os.cpu_count()} cpu, {interpreter()}, "
+    results["machine"] = (f"{describe()}, "
                           f"load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}")
     report(results)
     if args.json:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -36,7 +35,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.allocate_rtt import free_base_port
-from bench.machine import interpreter
+from bench.machine import describe
 
 SERVICES = ("allocator", "registrar", "vmanager", "watchdog")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -192,7 +191,7 @@ def main() -> None:
     print(f"\nFirst start (creates the log): four services + broker RSS {first_total['rss_mb']} MB, "
           f"PSS {first_total['pss_mb']} MB, idle CPU {first_total['cpu_percent']}% of one core "
           f"({args.first_seconds:g} s)")
-    print(f"\n({platform.machine()} {os.cpu_count()} cpu, {interpreter()}, "
+    print(f"\n({describe()}, "
           f"load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f})")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "total": total, "first_start": first_total}, indent=2))
