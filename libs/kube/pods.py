@@ -39,14 +39,24 @@ _FACTORS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
+_PARSED: dict[str, int] = {}  # the quantities met so far: a node's pods spell the same few again and again
+_PARSED_MAX = 1024
+
+
 def parse_quantity(value: str | int) -> int:
     """An integer Kubernetes quantity (extended resources must be whole numbers)."""
     if isinstance(value, int):
         return value
+    known = _PARSED.get(value)
+    if known is not None:
+        return known
     m = _QUANTITY.match(value.strip())
     if not m:
         raise ValueError(f"not a whole-number quantity: {value!r}")
-    return int(m.group(1)) * _FACTORS[m.group(2)]
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    parsed = _PARSED[value] = int(m.group(1)) * _FACTORS[m.group(2)]
+    return parsed
 
 
 def parse_time_ns(value: str | None) -> int:

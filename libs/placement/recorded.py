@@ -51,7 +51,10 @@ class ResponseSettings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def digest(self) -> bytes:
         """8 bytes of sha256 over the msgpack encoding: what a compact grant names its settings by."""
-        return hashlib.sha256(msgspec.msgpack.encode(self)).digest()[:8]
+        known = _DIGESTS.get(self)
+        if known is None:  # asked for each grant written: computed once per settings
+            known = _DIGESTS[self] = hashlib.sha256(msgspec.msgpack.encode(self)).digest()[:8]
+        return known
 
     def delivery(self) -> HamiDelivery | None:
         if self.hami is None:
@@ -59,6 +62,9 @@ class ResponseSettings(msgspec.Struct, frozen=True, kw_only=True):
         h = self.hami
         return HamiDelivery(library=h.library, mount_dir=h.mount_dir, lock_dir=h.lock_dir, preload=h.preload,
                             origin_volume=h.origin_volume, vm_root=Path(self.vm_root))
+
+
+_DIGESTS: dict[ResponseSettings, bytes] = {}  # a process meets one or a few settings (frozen, so hashable)
 
 
 class _Prepared:

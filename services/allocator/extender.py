@@ -74,10 +74,9 @@ def is_predicated(pod: Pod) -> bool:
     """gpu-manager's IsGPUPredicatedPod: vcore and vmemory asked for (app containers), the
     extender's predicate time present, and gpu-assigned present and not "true"."""
     ann = pod.metadata.annotations
-    vcore = sum(c.vcore for c in pod.spec.containers)
-    vmemory = sum(c.vmemory for c in pod.spec.containers)
-    return (vcore > 0 and vmemory > 0 and ANNOTATION_PREDICATE_TIME in ann
-            and ANNOTATION_GPU_ASSIGNED in ann and ann[ANNOTATION_GPU_ASSIGNED] != "true")
+    if ANNOTATION_PREDICATE_TIME not in ann or ann.get(ANNOTATION_GPU_ASSIGNED, "true") == "true":
+        return False  # the annotations first: most pods have none, and the sums parse quantities
+    return sum(c.vcore for c in pod.spec.containers) > 0 and sum(c.vmemory for c in pod.spec.containers) > 0
 
 
 def predicated_minor(pod: Pod, index: int, gpus: Sequence[GpuUsage]) -> GpuUsage:

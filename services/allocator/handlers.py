@@ -9,7 +9,6 @@ replaying the log rebuilds exactly the state the replies described.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -47,7 +46,7 @@ from libs.ledger.state import CLAIM_PREFIX, MODE_DEVICE_PLUGIN, MODE_DRA, Alloca
 from libs.logger import RepeatedWarning, get_logger
 from libs.placement.hami_response import HamiDelivery
 from libs.placement.placement import NoRoom, place
-from libs.placement.responses import build_response
+from libs.placement.recorded import ResponseSettings, reproduce
 from libs.placement.reuse import place_on_reused, reuse_view
 from libs.runtime import discard
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
@@ -80,7 +79,6 @@ from services.allocator.replies import RepliesOut
 
 __all__ = ["Allocator"]
 
-_VCORE_ID = re.compile(r"^tencent\.com/vcuda-core-(\d+)$")
 WITHDRAWN = "withdrawn at allocate"  # a release's reason: recorded for a pod the kubelet was not admitting
 _ROOM_ATTEMPTS = 3  # placements tried while releases keep changing the state, before a refusal
 # The registrar's List comes within milliseconds of the request; one not in this long after the
@@ -122,6 +120,10 @@ class Allocator:
                                                              "guess of pods")
         self.forwarded = ForwardedLists(on_list=self.observer.kubelet_listed)  # the registrar's Lists
         self.hami = HamiDelivery.from_settings(settings)
+        # What every grant's response is built from (the writer records the same, so the compact row's
+        # check at write reproduces it): built once, its template reused (libs/placement/recorded.py).
+        self.responses = ResponseSettings.of(settings.vm_root, settings.vdriver_root, self.extra_devices, self.hami)
+        self._advertised: tuple[int, frozenset[str]] = (0, frozenset())  # (capacity, its vcore device IDs)
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
         self._marks: dict[str, tuple[float, float, float, float]] = {}
         # alloc id -> the kubelet's holder of exactly its device IDs, as a List after its Allocate showed
@@ -438,11 +440,9 @@ class Allocator:
                 return []
             timing.update(lookups=lookups, lookup_ms=round((time.perf_counter() - started) * 1000, 2))
             shares = self._choose(req, cand, cores, memory)
-            response = build_response(
-                shares=shares, cores=cores, memory=memory, pod_uid=pod.uid,
-                vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-                compat32=(container.env_value("compat32") or "").lower() == "true", extra_devices=self.extra_devices,
-                hami=self.hami, container=container.name,
+            response = reproduce(
+                self.responses, shares=shares, cores=cores, memory=memory, pod_uid=pod.uid, container=container.name,
+                compat32=(container.env_value("compat32") or "").lower() == "true",
             )
             if time.time() > deadline:
                 raise ServiceError(504, "the kubelet's deadline passed before the grant could be recorded")
@@ -557,10 +557,11 @@ class Allocator:
         if len(set(device_ids)) != len(device_ids):
             raise ServiceError(400, "duplicate device IDs in the request")
         capacity = 100 * len(self.state.gpus_in_mode(MODE_DEVICE_PLUGIN))  # what the registrar advertises
-        for dev in device_ids:
-            m = _VCORE_ID.match(dev)
-            if not m or int(m.group(1)) >= capacity:
-                raise ServiceError(400, f"device ID {dev!r} was never advertised by this node")
+        if self._advertised[0] != capacity:
+            self._advertised = (capacity, frozenset(f"{RESOURCE_VCORE}-{n}" for n in range(capacity)))
+        if not self._advertised[1].issuperset(device_ids):
+            dev = next(d for d in device_ids if d not in self._advertised[1])
+            raise ServiceError(400, f"device ID {dev!r} was never advertised by this node")
 
     # --- PreStartContainer ---
     async def prestart(self, req: PreStartRequest) -> PreStartReply:

@@ -171,10 +171,10 @@ def _status_routes(state: LedgerState, usage: UsageSampler, node: str) -> dict[s
     return {"/graph": graph, "/usage": usage_route, "/version": version}
 
 
-def _outcome(exc: BaseException | None) -> dict[str, str]:
+def _outcome(exc: BaseException | None) -> str:
     if exc is None:
-        return {"outcome": "granted"}
-    return {"outcome": "refused" if isinstance(exc, ServiceError) else "error"}
+        return "granted"
+    return "refused" if isinstance(exc, ServiceError) else "error"
 
 
 class AllocatorMetrics(AllocatorObserver):
@@ -199,6 +199,9 @@ class AllocatorMetrics(AllocatorObserver):
             "gpuledger_allocator_checkpoint_settled",
             "Grants confirmed from the kubelet's checkpoint file, each sparing a pod-resources List",
             registry=self.registry)
+        # The children each Allocate observes into, looked up once (``labels`` costs a lock and a sort).
+        self._allocate_by = {o: self._allocate.labels(outcome=o) for o in ("granted", "refused", "error")}
+        self._found_by: dict[str, Counter] = {}
         hops = hop_histogram(self.registry)
         self._decide, self._append_fsync, self._confirm, self._reply = (
             hops.labels(hop=h) for h in ("decide", "append_fsync", "confirm", "reply"))
@@ -210,13 +213,16 @@ class AllocatorMetrics(AllocatorObserver):
         self._reply.observe(reply)
 
     def allocate_done(self, seconds: float, error: BaseException | None) -> None:
-        self._allocate.labels(**_outcome(error)).observe(seconds)
+        self._allocate_by[_outcome(error)].observe(seconds)
 
     def append_done(self, seconds: float) -> None:
         self._append.observe(seconds)
 
     def pod_found(self, via: str) -> None:
-        self._found.labels(via=via).inc()
+        found = self._found_by.get(via)
+        if found is None:
+            found = self._found_by[via] = self._found.labels(via=via)
+        found.inc()
 
     def kubelet_listed(self, reason: str) -> None:
         self._lists.labels(reason=reason).inc()
