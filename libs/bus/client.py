@@ -172,8 +172,12 @@ class Bus:
         return bool(self._nc.is_closed)
 
     async def request(self, subject: str, msg: Any, reply_type: type[Rep], *, timeout: float) -> Rep:
-        request_id = structlog.contextvars.get_contextvars().get("request_id") or getattr(msg, "request_id", "")
-        headers = {REQUEST_ID_HEADER: str(request_id)} if request_id else None
+        # The caller's request id travels as a header, unless the request carries it itself: the server
+        # takes a request's own id then (``correlation``), and a message without headers is cheaper for
+        # both clients and the broker (an Allocate's every hop).
+        own = getattr(msg, "request_id", "")
+        request_id = structlog.contextvars.get_contextvars().get("request_id") or own
+        headers = {REQUEST_ID_HEADER: str(request_id)} if request_id and request_id != own else None
         try:
             resp = await self._nc.request(subject, msgspec.json.encode(msg), timeout=timeout, headers=headers)
         except nats.errors.TimeoutError as exc:
@@ -238,7 +242,6 @@ class Bus:
                 await handle(msg, req)
 
         async def handle(msg: Msg, req: Any) -> None:
-            _logger.debug("request", subject=subject)
             try:
                 rep = await handler(msg.subject, req)
             except ServiceError as exc:

@@ -20,7 +20,9 @@ def test_correlation_fields() -> None:
     assert correlation(object()) == {}
 
 
-async def test_request_id_travels_in_a_header_and_is_bound_in_the_handler(nats_server: NatsServer) -> None:
+async def test_request_id_travels_in_a_header_unless_the_request_carries_it_and_is_bound_in_the_handler(
+    nats_server: NatsServer,
+) -> None:
     server = await Bus.connect(nats_server.url, name="server", node="n")
     client = await Bus.connect(nats_server.url, name="client", node="n")
     wire = await nats.connect(nats_server.url, name="spy")  # sees the requests as they travel, headers and all
@@ -48,15 +50,19 @@ async def test_request_id_travels_in_a_header_and_is_bound_in_the_handler(nats_s
             await client.request("t.prepare", PrepareRequest(pod_uid="p1"), PrepareReply, timeout=5)
         await client.request("t.release", ReleaseRequest(pod_uid="p2", reason="x", request_id="own"), ReleaseReply,
                              timeout=5)
+        with structlog.contextvars.bound_contextvars(request_id="caller"):  # the caller's id wins over the request's
+            await client.request("t.release", ReleaseRequest(pod_uid="p4", reason="x", request_id="own"),
+                                 ReleaseReply, timeout=5)
         await client.request("t.prepare", PrepareRequest(pod_uid="p3"), PrepareReply, timeout=5)
         await wire.flush()  # every request the spy saw has arrived; draining hands each to the callback
     finally:
         await wire.drain()
         await client.close()
         await server.close()
-    assert headers == ["abc", "own", None]
+    assert headers == ["abc", None, "caller", None]  # a request that carries its own id needs no header
     assert [{k: v for k, v in ctx.items() if k != "service"} for ctx in seen] == [
         {"request_id": "abc", "pod_uid": "p1"},
         {"request_id": "own", "pod_uid": "p2"},
+        {"request_id": "caller", "pod_uid": "p4"},
         {"pod_uid": "p3"},  # nothing left over from the earlier requests
     ]
