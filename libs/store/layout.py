@@ -66,15 +66,28 @@ class Layout:
             raise StoreError(f"log format {log_format} is not one this gpuledger reads ({', '.join(READABLE_FORMATS)})")
         self.format = log_format
         self.table = "events" if log_format == "1" else "rows"
+        # Format 2's type names known to be committed in the file (``types`` is append-only), so an insert
+        # of a known type skips its INSERT OR IGNORE; those the open transaction adds, until ``settled``.
+        self._types: set[str] = set()
+        self._adding: set[str] = set()
 
     def insert(self, conn: sqlite3.Connection, rows: Sequence[Sequence[object]]) -> None:
         """Insert rows of COLUMNS followed by their hash (in the caller's transaction)."""
         if self.format == "1":
             conn.executemany(_INSERT_1, rows)
             return
-        names = {row[4] for row in rows}
-        conn.executemany("INSERT OR IGNORE INTO types (name) VALUES (?)", [(n,) for n in names])
+        names = {row[4] for row in rows} - self._types
+        if names:
+            conn.executemany("INSERT OR IGNORE INTO types (name) VALUES (?)", [(n,) for n in names])
+            self._adding |= names  # type: ignore[arg-type]
         conn.executemany(_INSERT_2, [(r[0], r[1], stream_key(r[2]), *r[3:]) for r in rows])  # type: ignore[arg-type]
+
+    def settled(self, committed: bool) -> None:
+        """The caller's transaction ended: ``committed`` with every insert since the last call in it (no
+        savepoint rolled back), so their types are in the file; else they are looked for again."""
+        if committed:
+            self._types |= self._adding
+        self._adding.clear()
 
     def select(self, conn: sqlite3.Connection, columns: str, schema: str = "main") -> tuple[str, int | None]:
         """The select list over ``self.table`` giving the view's ``columns`` (a comma-separated list of
