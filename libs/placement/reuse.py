@@ -31,7 +31,10 @@ def reuse_view(
 
 
 def without(gpus: dict[int, GpuUsage], reused: list[Allocation]) -> list[GpuUsage]:
-    """The GPUs' usage as if the reused init-container grants were already handed on."""
+    """The GPUs' usage as if the reused init-container grants were already handed on (to read: with
+    nothing reused, the state's own, uncopied, in index order)."""
+    if not reused:  # the usual case: every Allocate asks this, and a copy per GPU costs more than placing
+        return [g for _, g in sorted(gpus.items())]
     view = {i: msgspec.structs.replace(g, alloc_ids=list(g.alloc_ids)) for i, g in sorted(gpus.items())}
     for alloc in reused:
         for share in alloc.shares:
