@@ -121,7 +121,7 @@ async def _entered(cm: AbstractAsyncContextManager[Any]) -> AsyncIterator[None]:
 
 def run_service(name: str, settings: Settings, factory: ServiceFactory, *, uvloop: bool = False) -> int:
     """``uvloop``: run on uvloop's event loop instead of asyncio's (gpuledger/agent.py says which)."""
-    configure_logging(name, fmt=settings.log_format, level=settings.log_level)
+    configure_logging(name, fmt=settings.log_format, level=settings.log_level, cache=True)
     try:
         if uvloop:
             import uvloop as fast  # only the processes that use it pay for its library
