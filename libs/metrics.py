@@ -103,9 +103,18 @@ def timed(fn: Callable[..., Awaitable[Any]], histogram: Histogram,
           outcome: Callable[[BaseException | None], dict[str, str]]) -> Callable[..., Awaitable[Any]]:
     """``fn`` with each call's duration observed in ``histogram``, labelled by ``outcome(error)``."""
 
+    children: dict[tuple[str, ...], Histogram] = {}  # by label values: ``labels`` costs a lock and a sort
+
     def observe(exc: BaseException | None, start: float) -> None:
         labels = outcome(exc)
-        (histogram.labels(**labels) if labels else histogram).observe(time.perf_counter() - start)
+        if not labels:
+            histogram.observe(time.perf_counter() - start)
+            return
+        key = tuple(labels.values())
+        child = children.get(key)
+        if child is None:
+            child = children[key] = histogram.labels(**labels)
+        child.observe(time.perf_counter() - start)
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
