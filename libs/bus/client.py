@@ -68,6 +68,7 @@ class Bus:
         # Called (plain functions, no awaiting) each time the connection is re-established, e.g. by
         # the watchdog to reconcile at once what it missed while the broker was away.
         self.on_reconnect: list[Callable[[], None]] = []
+        self._js: JetStreamContext | None = None
 
     @classmethod
     async def connect(cls, url: str, *, name: str, node: str, wait: float | None = None,
@@ -156,7 +157,10 @@ class Bus:
 
     @property
     def js(self) -> JetStreamContext:
-        return self._nc.jetstream()
+        """The connection's JetStream context, made once (the relay publishes each event through it)."""
+        if self._js is None:
+            self._js = self._nc.jetstream()
+        return self._js
 
     def js_domain(self, domain: str, *, timeout: float) -> JetStreamContext:
         """JetStream of another domain through this connection (a fleet node's, over its leaf link)."""
