@@ -27,6 +27,7 @@ protos: $(BIN)/gpuledger
 
 bench: $(BIN)/gpuledger
 	$(BIN)/python -m bench.allocate_rtt
+	$(BIN)/python -m bench.allocator_cpu
 	$(BIN)/python -m bench.footprint
 	$(BIN)/python -m bench.placement_quality
 	$(BIN)/python -m bench.dra_prepare
