@@ -61,6 +61,8 @@ class Allocation(msgspec.Struct, gc=False, kw_only=True):
 
     @classmethod
     def from_event(cls, ev: AllocationGranted, seq: int, at: int) -> Allocation:
+        if type(ev) is AllocationGranted:  # every grant's fold (replay too): its fields are exactly these
+            return cls(**msgspec.structs.asdict(ev), granted_seq=seq, granted_at=at)
         fields = {f: getattr(ev, f) for f in _GRANT_FIELDS}  # a subtype (alloc.imported) may carry more
         return cls(**fields, granted_seq=seq, granted_at=at)
 
