@@ -66,9 +66,15 @@ def get_logger(name: str | None = None) -> Any:
 
 def correlation(obj: Any, **given: Any) -> dict[str, Any]:
     """The correlation fields ``obj`` (a request or an event) carries, plus ``given``; empty values dropped."""
-    found = {k: getattr(obj, k, None) for k in CORRELATION_FIELDS}
-    found.update({k: v for k, v in given.items() if v})
-    return {k: v for k, v in found.items() if isinstance(v, str) and v}
+    found: dict[str, Any] = {}
+    for k in CORRELATION_FIELDS:
+        v = getattr(obj, k, None)
+        if v and isinstance(v, str):
+            found[k] = v
+    for k, v in given.items():
+        if v and isinstance(v, str):
+            found[k] = v
+    return found
 
 
 # How often a warning whose cause comes and goes is written at most (RepeatedWarning).

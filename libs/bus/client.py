@@ -242,8 +242,11 @@ class Bus:
             # The caller's request id (else the request's own), and the pod or allocation it names. The
             # callbacks of one subscription share a task: unbind when done.
             bound = correlation(req, request_id=(msg.headers or {}).get(REQUEST_ID_HEADER))
-            with structlog.contextvars.bound_contextvars(**bound):
+            tokens = structlog.contextvars.bind_contextvars(**bound)  # tokens: no copy of the context
+            try:
                 await handle(msg, req)
+            finally:
+                structlog.contextvars.reset_contextvars(**tokens)
 
         async def handle(msg: Msg, req: Any) -> None:
             try:

@@ -113,10 +113,13 @@ class LogFollower:
                 # The command that caused the event (an Allocate's request id) and the allocation and pod it
                 # concerns: the handler's log lines can be followed back to it.
                 bound = correlation(stored.event, request_id=stored.command_id)
-                with structlog.contextvars.bound_contextvars(**bound, seq=stored.seq):
+                tokens = structlog.contextvars.bind_contextvars(**bound, seq=stored.seq)
+                try:
                     result = self.handler(stored)
                     if inspect.isawaitable(result):
                         await result
+                finally:
+                    structlog.contextvars.reset_contextvars(**tokens)
                 async with self._progress:
                     self.last_seq = stored.seq
                     self._progress.notify_all()
