@@ -271,9 +271,15 @@ class LedgerState:
     def find_by_devices(self, device_ids: list[str] | tuple[str, ...]) -> Allocation | None:
         """The newest allocation that holds exactly these kubelet device IDs."""
         wanted = frozenset(device_ids)
+        size = len(wanted)
         best: Allocation | None = None
         for alloc in self.allocations.values():
-            if frozenset(alloc.device_ids) == wanted and (best is None or alloc.granted_seq > best.granted_seq):
+            ids = alloc.device_ids
+            # Most grants differ at once: fewer IDs, or their first is not wanted (no set built for them;
+            # a PreStart asks this of every grant on the node, two or three times).
+            if len(ids) < size or (ids and ids[0] not in wanted):
+                continue
+            if frozenset(ids) == wanted and (best is None or alloc.granted_seq > best.granted_seq):
                 best = alloc
         return best
 

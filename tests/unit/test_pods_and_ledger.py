@@ -88,3 +88,20 @@ def test_fold_charges_and_refunds() -> None:
         state.apply(_stored(9, AllocationReleased(alloc_id="b", pod_uid="pod-b", container="c", reason="x")))
     snap = state.snapshot()
     assert snap.seq == 4 and [a.alloc_id for a in snap.allocations] == ["b"]
+
+
+def test_find_by_devices_matches_exactly_the_set_in_any_order_the_newest_first() -> None:
+    state = LedgerState()
+    inv = InventoryRecorded(node="n", backend="fake", gpus=tuple(
+        GpuInfo(index=i, minor=i, uuid=f"GPU-{i}", memory=1000) for i in range(2)))
+    state.apply(_stored(1, inv))
+    state.apply(_stored(2, _grant("a", 0, 30, 100)))  # IDs 0..29
+    state.apply(_stored(3, _grant("b", 1, 50, 200)))  # IDs 0..49: a superset of a's, same first ID
+    ids = [f"tencent.com/vcuda-core-{i}" for i in range(50)]
+    assert state.find_by_devices(list(reversed(ids))).alloc_id == "b"  # type: ignore[union-attr]
+    assert state.find_by_devices(ids[:30][::-1]).alloc_id == "a"  # type: ignore[union-attr]
+    assert state.find_by_devices(ids[1:30]) is None  # a subset of both
+    assert state.find_by_devices([*ids, "tencent.com/vcuda-core-77"]) is None  # more than any grant holds
+    newer = msgspec.structs.replace(_grant("c", 1, 30, 100), device_ids=tuple(ids[:30][::-1]))
+    state.apply(_stored(4, newer))
+    assert state.find_by_devices(ids[:30]).alloc_id == "c"  # type: ignore[union-attr]
