@@ -73,7 +73,7 @@ async def run(allocates: int, warmup: int, workdir: Path) -> dict[str, object]:
             ledger = Ledger(events, load_state(settings.log_path).state, observer=metrics)
             await record_inventory(ledger, NODE, load_inventory("fake"))
             cache = PodCache(bus)
-            allocator = Allocator(settings, ledger, bus, pod_cache=cache, observer=metrics)
+            allocator = Allocator(settings, ledger, bus, pod_cache=cache, observer=metrics, responses=recorded)
             capacity = 100 * len(ledger.state.gpus)
             grant_cpu, release_cpu, grant_wall = [], [], []
             for i in range(allocates + warmup):

@@ -103,7 +103,8 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
         handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,
                              pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics,
-                             checkpoint=KubeletCheckpoint(Path(settings.device_plugin_dir) / CHECKPOINT_FILE))
+                             checkpoint=KubeletCheckpoint(Path(settings.device_plugin_dir) / CHECKPOINT_FILE),
+                             responses=recorded)
         stack.push_async_callback(handlers.close)
         relay = Relay(bus, events, replies_out=handlers.replies.wait)
         supervisor.spawn(relay.run(), "relay")

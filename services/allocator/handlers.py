@@ -105,6 +105,7 @@ class Allocator:
         kubelet: KubeletPodResources | None = None, annotations: AnnotationWriter | None = None,
         pod_cache: PodCache | None = None, extra_devices: tuple[str, ...] | None = None,
         observer: AllocatorObserver | None = None, checkpoint: KubeletCheckpoint | None = None,
+        responses: ResponseSettings | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -120,9 +121,10 @@ class Allocator:
                                                              "guess of pods")
         self.forwarded = ForwardedLists(on_list=self.observer.kubelet_listed)  # the registrar's Lists
         self.hami = HamiDelivery.from_settings(settings)
-        # What every grant's response is built from (the writer records the same, so the compact row's
-        # check at write reproduces it): built once, its template reused (libs/placement/recorded.py).
-        self.responses = ResponseSettings.of(settings.vm_root, settings.vdriver_root, self.extra_devices, self.hami)
+        # What every grant's response is built from: the settings the log's writer records (app.py passes
+        # them), so the compact row's check at write reproduces it; its template is reused.
+        self.responses = responses or ResponseSettings.of(settings.vm_root, settings.vdriver_root,
+                                                          self.extra_devices, self.hami)
         self._advertised: tuple[int, frozenset[str]] = (0, frozenset())  # (capacity, its vcore device IDs)
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
         self._marks: dict[str, tuple[float, float, float, float]] = {}
