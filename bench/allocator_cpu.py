@@ -38,7 +38,6 @@ from libs.gpu.backends import load_inventory
 from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, Container, ObjectMeta, Pod, PodSpec, Resources
 from libs.ledger.snapshot import load_state
 from libs.logger import configure_logging
-from libs.placement.hami_response import HamiDelivery
 from libs.placement.recorded import ResponseSettings
 from libs.store.log import EventLog
 from services.allocator.extraconfig import default_devices
@@ -64,8 +63,7 @@ async def run(allocates: int, warmup: int, workdir: Path) -> dict[str, object]:
     await nats.start()
     try:
         settings = Settings(node_name=NODE, state_dir=str(workdir / "state"), gpus="fake", nats_url=nats.url)
-        recorded = ResponseSettings.of(settings.vm_root, settings.vdriver_root, default_devices(settings.extra_config),
-                                       HamiDelivery.from_settings(settings))
+        recorded = ResponseSettings.for_node(settings, default_devices(settings.extra_config))
         events = await EventLog.open(settings.log_path, response_settings=recorded, inline=True)
         bus = await Bus.connect(nats.url, name="allocator", node=NODE)
         try:

@@ -148,7 +148,6 @@ def restore(state_dir: str, backup: Path | None, nats_url: str | None, node_name
 def configured_response_settings(settings: Settings) -> list[Any]:
     """The response settings the allocator builds with under ``settings`` ([] when its --extra-config
     cannot be read: the restore then relies on the log's record, or keeps the responses)."""
-    from libs.placement.hami_response import HamiDelivery
     from libs.placement.recorded import ResponseSettings
     from services.allocator.extraconfig import default_devices
 
@@ -156,7 +155,7 @@ def configured_response_settings(settings: Settings) -> list[Any]:
         extra = default_devices(settings.extra_config)
     except GpuledgerError:
         return []
-    return [ResponseSettings.of(settings.vm_root, settings.vdriver_root, extra, HamiDelivery.from_settings(settings))]
+    return [ResponseSettings.for_node(settings, extra)]
 
 
 async def _ask(nats_url: str, node: str, before: int, keep: int, timeout: float) -> Any:

@@ -6,6 +6,7 @@ other services over NATS compactly, and every service reads them the same way.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime
 
@@ -25,6 +26,7 @@ __all__ = [
     "parse_quantity",
     "parse_time_ns",
     "predicate_time",
+    "vcore_device_ids",
 ]
 
 RESOURCE_VCORE = "tencent.com/vcuda-core"
@@ -39,24 +41,25 @@ _FACTORS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
-_PARSED: dict[str, int] = {}  # the quantities met so far: a node's pods spell the same few again and again
-_PARSED_MAX = 1024
-
-
 def parse_quantity(value: str | int) -> int:
     """An integer Kubernetes quantity (extended resources must be whole numbers)."""
     if isinstance(value, int):
         return value
-    known = _PARSED.get(value)
-    if known is not None:
-        return known
+    return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=1024)  # a node's pods spell the same few quantities again and again
+def _parse_text(value: str) -> int:
     m = _QUANTITY.match(value.strip())
     if not m:
         raise ValueError(f"not a whole-number quantity: {value!r}")
-    if len(_PARSED) >= _PARSED_MAX:
-        _PARSED.clear()
-    parsed = _PARSED[value] = int(m.group(1)) * _FACTORS[m.group(2)]
-    return parsed
+    return int(m.group(1)) * _FACTORS[m.group(2)]
+
+
+def vcore_device_ids(count: int) -> tuple[str, ...]:
+    """The vcore device IDs of a node that has ``count`` of them (100 per GPU), as gpu-manager names them:
+    ``tencent.com/vcuda-core-<i>``."""
+    return tuple(f"{RESOURCE_VCORE}-{i}" for i in range(count))
 
 
 def parse_time_ns(value: str | None) -> int:

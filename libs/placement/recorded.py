@@ -11,11 +11,13 @@ keeps the response itself when they differ, so a reproduced response is always t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
 import msgspec
 
+from libs.config import Settings
 from libs.events.schema import ContainerResponse, DeviceNode, GpuShare, MountSpec
 from libs.placement.hami_response import HamiDelivery
 from libs.placement.responses import CONTROL_DEVICES, VCUDA_MOUNTPOINT, build_response
@@ -48,13 +50,16 @@ class ResponseSettings(msgspec.Struct, frozen=True, kw_only=True):
                        library=hami.library, mount_dir=hami.mount_dir, lock_dir=hami.lock_dir,
                        preload=hami.preload, origin_volume=hami.origin_volume))
 
+    @classmethod
+    def for_node(cls, settings: Settings, extra_devices: tuple[str, ...]) -> ResponseSettings:
+        """What a node's allocator builds its grants' responses with: its roots, its extra devices
+        (``services.allocator.extraconfig``) and its limit delivery."""
+        return cls.of(settings.vm_root, settings.vdriver_root, extra_devices, HamiDelivery.from_settings(settings))
+
     @property
     def digest(self) -> bytes:
         """8 bytes of sha256 over the msgpack encoding: what a compact grant names its settings by."""
-        known = _DIGESTS.get(self)
-        if known is None:  # asked for each grant written: computed once per settings
-            known = _DIGESTS[self] = hashlib.sha256(msgspec.msgpack.encode(self)).digest()[:8]
-        return known
+        return _digest(self)
 
     def delivery(self) -> HamiDelivery | None:
         if self.hami is None:
@@ -64,7 +69,9 @@ class ResponseSettings(msgspec.Struct, frozen=True, kw_only=True):
                             origin_volume=h.origin_volume, vm_root=Path(self.vm_root))
 
 
-_DIGESTS: dict[ResponseSettings, bytes] = {}  # a process meets one or a few settings (frozen, so hashable)
+@functools.cache  # asked for each grant written; a process meets one or a few settings (frozen, so hashable)
+def _digest(settings: ResponseSettings) -> bytes:
+    return hashlib.sha256(msgspec.msgpack.encode(settings)).digest()[:8]
 
 
 class _Prepared:

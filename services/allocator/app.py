@@ -20,7 +20,6 @@ from libs.kubelet.checkpoint import CHECKPOINT_FILE
 from libs.ledger.snapshot import SnapshotKeeper, load_state
 from libs.logger import get_logger
 from libs.metrics import MetricsServer
-from libs.placement.hami_response import HamiDelivery
 from libs.placement.recorded import ResponseSettings
 from libs.runtime import Supervisor
 from libs.store import EventLog
@@ -63,8 +62,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
     logger = get_logger("allocator")
     async with AsyncExitStack() as stack:
         extra_devices = default_devices(settings.extra_config)  # a bad file stops the start, first
-        recorded = ResponseSettings.of(settings.vm_root, settings.vdriver_root, extra_devices,
-                                       HamiDelivery.from_settings(settings))
+        recorded = ResponseSettings.for_node(settings, extra_devices)
         # Inline commits: every append goes through the ledger's lock, so a writer thread would never
         # group two of them, only add two hand-offs to each (libs/store/writer.py).
         events = await EventLog.open(settings.log_path, response_settings=recorded, inline=True)
@@ -102,9 +100,8 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
         pod_cache = PodCache(bus)
         await pod_cache.start(timeout=min(1.0, settings.request_timeout))
         handlers = Allocator(settings, ledger, bus, kubelet=kubelet, annotations=annotations,
-                             pod_cache=pod_cache, extra_devices=extra_devices, observer=metrics,
-                             checkpoint=KubeletCheckpoint(Path(settings.device_plugin_dir) / CHECKPOINT_FILE),
-                             responses=recorded)
+                             pod_cache=pod_cache, observer=metrics, responses=recorded,
+                             checkpoint=KubeletCheckpoint(Path(settings.device_plugin_dir) / CHECKPOINT_FILE))
         stack.push_async_callback(handlers.close)
         relay = Relay(bus, events, replies_out=handlers.replies.wait)
         supervisor.spawn(relay.run(), "relay")

@@ -9,6 +9,7 @@ replaying the log rebuilds exactly the state the replies described.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -40,7 +41,7 @@ from libs.events.schema import (
     Event,
     GpuShare,
 )
-from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
+from libs.kube.pods import RESOURCE_VCORE, Pod, is_active, vcore_device_ids
 from libs.kubelet.admission import AdmissionCheck
 from libs.ledger.state import CLAIM_PREFIX, MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, LedgerState
 from libs.logger import RepeatedWarning, get_logger
@@ -50,7 +51,6 @@ from libs.placement.recorded import ResponseSettings, reproduce
 from libs.placement.reuse import place_on_reused, reuse_view
 from libs.runtime import discard
 from services.allocator.extender import AnnotationWriter, core_limit, is_predicated, mismatch, predicated_minor
-from services.allocator.extraconfig import default_devices
 from services.allocator.identity import (
     Misattributed,
     can_settle,
@@ -101,11 +101,10 @@ def _nobody_holds(device_ids: list[str]) -> str:
 
 class Allocator:
     def __init__(
-        self, settings: Settings, ledger: Ledger, bus: Bus, *,
+        self, settings: Settings, ledger: Ledger, bus: Bus, *, responses: ResponseSettings,
         kubelet: KubeletPodResources | None = None, annotations: AnnotationWriter | None = None,
-        pod_cache: PodCache | None = None, extra_devices: tuple[str, ...] | None = None,
-        observer: AllocatorObserver | None = None, checkpoint: KubeletCheckpoint | None = None,
-        responses: ResponseSettings | None = None,
+        pod_cache: PodCache | None = None, observer: AllocatorObserver | None = None,
+        checkpoint: KubeletCheckpoint | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -116,16 +115,14 @@ class Allocator:
         self.annotations = annotations or AnnotationWriter(None, ledger.state.pod_allocations)
         self.observer = observer or AllocatorObserver()
         self.corrections = 0
-        self.extra_devices = default_devices(settings.extra_config) if extra_devices is None else extra_devices
         self._kubelet_unavailable = RepeatedWarning(_logger, "pod-resources unavailable: keeping the Allocate-time "
                                                              "guess of pods")
         self.forwarded = ForwardedLists(on_list=self.observer.kubelet_listed)  # the registrar's Lists
         self.hami = HamiDelivery.from_settings(settings)
-        # What every grant's response is built from: the settings the log's writer records (app.py passes
-        # them), so the compact row's check at write reproduces it; its template is reused.
-        self.responses = responses or ResponseSettings.of(settings.vm_root, settings.vdriver_root,
-                                                          self.extra_devices, self.hami)
-        self._advertised: tuple[int, frozenset[str]] = (0, frozenset())  # (capacity, its vcore device IDs)
+        # What every grant's response is built from: the settings the log's writer records, so the compact
+        # row's check at write reproduces it; its template is reused (libs/placement/recorded.py).
+        self.responses = responses
+        self.extra_devices = responses.extra_devices
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
         self._marks: dict[str, tuple[float, float, float, float]] = {}
         # alloc id -> the kubelet's holder of exactly its device IDs, as a List after its Allocate showed
@@ -559,10 +556,9 @@ class Allocator:
         if len(set(device_ids)) != len(device_ids):
             raise ServiceError(400, "duplicate device IDs in the request")
         capacity = 100 * len(self.state.gpus_in_mode(MODE_DEVICE_PLUGIN))  # what the registrar advertises
-        if self._advertised[0] != capacity:
-            self._advertised = (capacity, frozenset(f"{RESOURCE_VCORE}-{n}" for n in range(capacity)))
-        if not self._advertised[1].issuperset(device_ids):
-            dev = next(d for d in device_ids if d not in self._advertised[1])
+        advertised = _advertised(capacity)
+        if not advertised.issuperset(device_ids):
+            dev = next(d for d in device_ids if d not in advertised)
             raise ServiceError(400, f"device ID {dev!r} was never advertised by this node")
 
     # --- PreStartContainer ---
@@ -778,6 +774,11 @@ class Allocator:
 
     async def snapshot(self, _req: StateRequest) -> StateReply:
         return StateReply(snapshot=self.state.snapshot(), claims=self.state.prepared_claims())
+
+
+@functools.lru_cache(maxsize=4)
+def _advertised(capacity: int) -> frozenset[str]:
+    return frozenset(vcore_device_ids(capacity))
 
 
 def _device_plugin_grants(state: LedgerState, pod_uid: str) -> list[Allocation]:

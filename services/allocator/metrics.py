@@ -201,7 +201,7 @@ class AllocatorMetrics(AllocatorObserver):
             registry=self.registry)
         # The children each Allocate observes into, looked up once (``labels`` costs a lock and a sort).
         self._allocate_by = {o: self._allocate.labels(outcome=o) for o in ("granted", "refused", "error")}
-        self._found_by: dict[str, Counter] = {}
+        self._found_by = {via: self._found.labels(via=via) for via in ("notification", "fetched", "listed")}
         hops = hop_histogram(self.registry)
         self._decide, self._append_fsync, self._confirm, self._reply = (
             hops.labels(hop=h) for h in ("decide", "append_fsync", "confirm", "reply"))
@@ -219,10 +219,7 @@ class AllocatorMetrics(AllocatorObserver):
         self._append.observe(seconds)
 
     def pod_found(self, via: str) -> None:
-        found = self._found_by.get(via)
-        if found is None:
-            found = self._found_by[via] = self._found.labels(via=via)
-        found.inc()
+        self._found_by[via].inc()
 
     def kubelet_listed(self, reason: str) -> None:
         self._lists.labels(reason=reason).inc()

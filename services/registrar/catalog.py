@@ -11,7 +11,7 @@ import asyncio
 
 from libs.config import MEMORY_BLOCK
 from libs.events.schema import GpuInfo, InventoryRecorded
-from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY
+from libs.kube.pods import RESOURCE_VCORE, RESOURCE_VMEMORY, vcore_device_ids
 
 __all__ = ["DeviceCatalog", "InvalidDevices"]
 
@@ -43,7 +43,7 @@ class DeviceCatalog:
         gpus = len(kept)
         blocks = sum(g.memory for g in kept) // MEMORY_BLOCK
         self._ids = {
-            RESOURCE_VCORE: tuple(f"{RESOURCE_VCORE}-{i}" for i in range(gpus * 100)),
+            RESOURCE_VCORE: vcore_device_ids(gpus * 100),
             RESOURCE_VMEMORY: tuple(f"{RESOURCE_VMEMORY}-{MEMORY_BLOCK}-{i}" for i in range(blocks)),
         }
         self._known = {name: frozenset(ids) for name, ids in self._ids.items()}
