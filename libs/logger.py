@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import structlog
 
-__all__ = ["CORRELATION_FIELDS", "RepeatedWarning", "configure_logging", "correlation", "get_logger"]
+__all__ = ["CORRELATION_FIELDS", "RepeatedWarning", "bound", "configure_logging", "correlation", "get_logger"]
 
 # What lets one allocation be followed across the services' log lines (bound as structlog contextvars).
 CORRELATION_FIELDS = ("request_id", "alloc_id", "pod_uid", "container")
@@ -75,6 +75,24 @@ def correlation(obj: Any, **given: Any) -> dict[str, Any]:
         if v and isinstance(v, str):
             found[k] = v
     return found
+
+
+class bound:
+    """``with bound(**fields):`` the fields are in every log line written inside, and what was bound before
+    is back after. structlog's ``bound_contextvars`` does the same but copies the whole log context on
+    entry; this binds with contextvars tokens and resets them, which every served request and every
+    followed event does."""
+
+    __slots__ = ("_fields", "_tokens")
+
+    def __init__(self, **fields: Any) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        self._tokens = structlog.contextvars.bind_contextvars(**self._fields)
+
+    def __exit__(self, *_exc: object) -> None:
+        structlog.contextvars.reset_contextvars(**self._tokens)
 
 
 # How often a warning whose cause comes and goes is written at most (RepeatedWarning).

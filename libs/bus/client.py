@@ -31,7 +31,7 @@ from nats.js import JetStreamContext
 from libs.errors import BusError, BusTimeout, CorruptLog, RemoteError, ServiceError
 from libs.events.codec import StoredEvent, decode_record
 from libs.events.subjects import Subjects
-from libs.logger import correlation, get_logger
+from libs.logger import bound, correlation, get_logger
 
 __all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "REQUEST_ID_HEADER", "Bus"]
 
@@ -241,12 +241,9 @@ class Bus:
                 return
             # The caller's request id (else the request's own), and the pod or allocation it names. The
             # callbacks of one subscription share a task: unbind when done.
-            bound = correlation(req, request_id=(msg.headers or {}).get(REQUEST_ID_HEADER))
-            tokens = structlog.contextvars.bind_contextvars(**bound)  # tokens: no copy of the context
-            try:
+            fields = correlation(req, request_id=(msg.headers or {}).get(REQUEST_ID_HEADER))
+            with bound(**fields):
                 await handle(msg, req)
-            finally:
-                structlog.contextvars.reset_contextvars(**tokens)
 
         async def handle(msg: Msg, req: Any) -> None:
             try:

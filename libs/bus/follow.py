@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 import nats.errors
-import structlog
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
@@ -24,7 +23,7 @@ from libs.bus.cancel import raise_if_cancelling
 from libs.bus.client import Bus
 from libs.bus.outbox import ROW_HASH_HEADER
 from libs.events.codec import EventRecord, StoredEvent, from_record
-from libs.logger import correlation, get_logger
+from libs.logger import bound, correlation, get_logger
 
 __all__ = ["LogFollower", "raise_if_cancelling"]
 
@@ -112,14 +111,10 @@ class LogFollower:
                     stored = msgspec.structs.replace(stored, row_hash=msg.headers[ROW_HASH_HEADER])
                 # The command that caused the event (an Allocate's request id) and the allocation and pod it
                 # concerns: the handler's log lines can be followed back to it.
-                bound = correlation(stored.event, request_id=stored.command_id)
-                tokens = structlog.contextvars.bind_contextvars(**bound, seq=stored.seq)
-                try:
+                with bound(**correlation(stored.event, request_id=stored.command_id), seq=stored.seq):
                     result = self.handler(stored)
                     if inspect.isawaitable(result):
                         await result
-                finally:
-                    structlog.contextvars.reset_contextvars(**tokens)
                 async with self._progress:
                     self.last_seq = stored.seq
                     self._progress.notify_all()

@@ -226,7 +226,7 @@ class LogWriter:
         results: list[_Result] = []
         # A request alone (always so inline) needs no savepoint: two statements fewer per append.
         alone = len(group) == 1
-        self._layout.settled(False)  # nothing left over from a transaction that did not end here
+        committed = False
         try:
             conn.execute("BEGIN IMMEDIATE")
             for req in group:
@@ -262,14 +262,15 @@ class LogWriter:
                 if req.command_id:
                     by_command[req.command_id] = stored
             conn.execute("COMMIT")
+            committed = True
         except sqlite3.DatabaseError as exc:
-            self._layout.settled(False)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._load_tail()
             return [_translate(exc, self.path)] * len(group), None
-        # Alone, nothing was rolled back to a savepoint: every type inserted is in the file now.
-        self._layout.settled(alone)
+        finally:
+            # The types inserted are in the file only when it committed with no savepoint rolled back.
+            self._layout.settled(committed and alone)
         fresh: list[StoredEvent] = []  # what this commit added, in seq order (not a retry's old events)
         for result in results:
             if isinstance(result, list):

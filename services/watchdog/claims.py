@@ -25,8 +25,6 @@ import asyncio
 import uuid
 from dataclasses import dataclass, field
 
-import structlog
-
 from libs.bus.client import Bus
 from libs.commands import ClaimUnprepareReply, ClaimUnprepareRequest
 from libs.dra import ClaimView
@@ -35,7 +33,7 @@ from libs.kube.claims import ClaimNotFound, ClaimSource
 from libs.kube.pods import Pod, is_active
 from libs.kube.source import PodSource
 from libs.ledger.state import PreparedClaim
-from libs.logger import get_logger
+from libs.logger import bound, get_logger
 
 __all__ = ["CLAIM_GONE", "NOT_RESERVED", "ClaimReconciler", "ClaimRepairs", "release_reason"]
 
@@ -130,7 +128,7 @@ class ClaimReconciler:
         return live
 
     async def _release(self, ref: PreparedClaim, reason: str) -> bool:
-        with structlog.contextvars.bound_contextvars(request_id=uuid.uuid4().hex, claim_uid=ref.uid):
+        with bound(request_id=uuid.uuid4().hex, claim_uid=ref.uid):
             try:
                 reply = await self.bus.request(
                     self.bus.subjects.claim_unprepare, ClaimUnprepareRequest(claim_uid=ref.uid, reason=reason),

@@ -36,8 +36,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from libs.bus.client import Bus
 from libs.commands import (
     InventoryReply,
@@ -53,7 +51,7 @@ from libs.kube.annotations import extender_indexes
 from libs.kube.pods import RESOURCE_VCORE, Pod, is_active
 from libs.kube.source import PodSource
 from libs.ledger.state import CLAIM_PREFIX, Allocation
-from libs.logger import get_logger
+from libs.logger import bound, get_logger
 from services.watchdog.admission import AdmissionCleanup, admission_failed
 from services.watchdog.annotations import AnnotationRepair, left_to_the_allocator
 from services.watchdog.claims import ClaimReconciler
@@ -182,7 +180,7 @@ class Recycler:
 
     async def release(self, pod_uid: str, reason: str) -> bool:
         # A request id of its own, bound here, so the allocator's lines for this release carry it too.
-        with structlog.contextvars.bound_contextvars(request_id=uuid.uuid4().hex, pod_uid=pod_uid):
+        with bound(request_id=uuid.uuid4().hex, pod_uid=pod_uid):
             return await self._release(pod_uid, reason)
 
     async def _release(self, pod_uid: str, reason: str) -> bool:
