@@ -22,7 +22,9 @@ class Trace:
         self._t0 = 0.0
         self.pods: dict[str, list[dict[str, float]]] = defaultdict(list)  # kind -> per pod {step: ms}
 
-    def wrap_async(self, owner: Any, attr: str, step: str) -> None:
+    def wrap_async(self, owner: Any, attr: str, step: str, *, per: Callable[[Any], str] | None = None) -> None:
+        """``per``: the step is split by what it returns for the call's first argument (the method's
+        owner instance), e.g. one step per device plugin resource."""
         original = getattr(owner, attr)
 
         @functools.wraps(original)
@@ -31,7 +33,8 @@ class Trace:
             try:
                 return await original(*args, **kwargs)
             finally:
-                self._events.append((step, started, time.perf_counter()))
+                name = step if per is None else f"{step} {per(args[0])}"
+                self._events.append((name, started, time.perf_counter()))
 
         setattr(owner, attr, timed)
 
@@ -102,7 +105,9 @@ def install() -> Trace:
     trace.wrap_async(runtimenames.RuntimeNames, "lookup", " container id -> name: runtime ContainerStatus")
     trace.wrap_async(containers.ContainerNames, "_from_watchdog", " container id -> name: watchdog")
     trace.wrap_sync(register, "write_container_files", "vcuda.config + pids.config written")
-    trace.wrap_async(Endpoint, "allocate", " kubelet: Allocate rpc")
+    # Per resource: the two Allocates of a pod differ (the core one is the plugin's grant, the memory
+    # one is answered at once by every plugin here), and their sum hides where a difference lies.
+    trace.wrap_async(Endpoint, "allocate", " kubelet: Allocate rpc", per=lambda ep: ep.resource.rpartition("/")[2])
     trace.wrap_async(Endpoint, "get_preferred_allocation", " kubelet: GetPreferredAllocation rpc")
     trace.wrap_async(Endpoint, "pre_start_container", " kubelet: PreStartContainer rpc")
     trace.wrap_sync(DeviceManager, "write_checkpoint", " kubelet: checkpoint written")
