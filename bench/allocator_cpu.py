@@ -29,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.allocate_rtt import percentile
 from bench.machine import describe
 from libs.bus.client import Bus
 from libs.bus.server import NatsServer
@@ -107,10 +108,8 @@ async def run(allocates: int, warmup: int, workdir: Path) -> dict[str, object]:
 
 
 def _summary(seconds: list[float]) -> dict[str, float]:
-    ordered = sorted(seconds)
-    return {"p50_us": round(statistics.median(ordered) * 1e6, 1),
-            "p90_us": round(ordered[int(0.9 * (len(ordered) - 1))] * 1e6, 1),
-            "mean_us": round(statistics.fmean(ordered) * 1e6, 1)}
+    return {"p50_us": round(percentile(seconds, 0.5) * 1e6, 1), "p90_us": round(percentile(seconds, 0.9) * 1e6, 1),
+            "mean_us": round(statistics.fmean(seconds) * 1e6, 1)}
 
 
 def main() -> None:

@@ -45,7 +45,6 @@ from libs.kube.pods import RESOURCE_VCORE, Pod, is_active, vcore_device_ids
 from libs.kubelet.admission import AdmissionCheck
 from libs.ledger.state import CLAIM_PREFIX, MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, LedgerState
 from libs.logger import RepeatedWarning, get_logger
-from libs.placement.hami_response import HamiDelivery
 from libs.placement.placement import NoRoom, place
 from libs.placement.recorded import ResponseSettings, reproduce
 from libs.placement.reuse import place_on_reused, reuse_view
@@ -118,11 +117,9 @@ class Allocator:
         self._kubelet_unavailable = RepeatedWarning(_logger, "pod-resources unavailable: keeping the Allocate-time "
                                                              "guess of pods")
         self.forwarded = ForwardedLists(on_list=self.observer.kubelet_listed)  # the registrar's Lists
-        self.hami = HamiDelivery.from_settings(settings)
         # What every grant's response is built from: the settings the log's writer records, so the compact
         # row's check at write reproduces it; its template is reused (libs/placement/recorded.py).
         self.responses = responses
-        self.extra_devices = responses.extra_devices
         # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
         self._marks: dict[str, tuple[float, float, float, float]] = {}
         # alloc id -> the kubelet's holder of exactly its device IDs, as a List after its Allocate showed
@@ -705,7 +702,7 @@ class Allocator:
             try:
                 events[:] = plan_corrections(state, wrong, share_mode=self.settings.share_mode,
                                              vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-                                             extra_devices=self.extra_devices, reason=reason)
+                                             extra_devices=self.responses.extra_devices, reason=reason)
             except ServiceError as exc:
                 raise ServiceError(409, f"PreStartContainer check failed, {exc.message}") from exc
             return events
