@@ -207,8 +207,9 @@ class Bus:
     ) -> Subscription:
         """Answer requests on ``subject``; requests on one subscription are handled one at a time.
 
-        ``on_replied(req)`` runs once a successful reply has been handed to the connection (a caller
-        timing its own reply step: encoding and publishing included)."""
+        ``on_replied(req)`` runs once a successful handler's reply has been handed to the connection, or
+        failed to be (encoding and publishing included). The connection writes it when this task next
+        yields, after ``on_replied``: work it defers with ``call_soon`` comes after the write."""
         return await self._serve(subject, req_type, lambda _subject, req: handler(req), queue=queue,
                                  on_replied=on_replied)
 
@@ -255,10 +256,12 @@ class Bus:
                 _logger.error("handler failed", subject=subject, error=str(exc), exc_info=exc)
                 await self._reply_error(msg, 500, f"internal error: {exc}")
                 return
-            if msg.reply:  # not msg.respond(): that would echo the request's headers
-                await self._nc.publish(msg.reply, msgspec.json.encode(rep))
-            if on_replied is not None:
-                on_replied(req)
+            try:
+                if msg.reply:  # not msg.respond(): that would echo the request's headers
+                    await self._nc.publish(msg.reply, msgspec.json.encode(rep))
+            finally:
+                if on_replied is not None:
+                    on_replied(req)
 
         sub = await self._nc.subscribe(subject, queue=queue or "", cb=on_msg)
         self._subs.append(sub)

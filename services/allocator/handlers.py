@@ -120,8 +120,10 @@ class Allocator:
         # What every grant's response is built from: the settings the log's writer records, so the compact
         # row's check at write reproduces it; its template is reused (libs/placement/recorded.py).
         self.responses = responses
-        # request id -> (received, decided, appended, confirmed) perf_counter marks of a grant, until its reply is out
-        self._marks: dict[str, tuple[float, float, float, float]] = {}
+        # request id -> what is left to do for it once its reply is out (``_replied``), each called with
+        # when the reply was handed over (None: it could not be). The reply is written to the socket
+        # only when the handler's task next yields: work done before that would delay it.
+        self._after_reply: dict[str, list[Callable[[float | None], None]]] = {}
         # alloc id -> the kubelet's holder of exactly its device IDs, as a List after its Allocate showed
         # them (same pod and container): its identity is settled, and device IDs do not move while the
         # pod lives, so its PreStart and its release need no List of their own. Added to by every List
@@ -160,20 +162,28 @@ class Allocator:
             with self.replies.handling():
                 reply = await self.allocate(req)
         except BaseException as exc:
-            self._marks.pop(req.request_id, None)
             self.observer.allocate_done(time.perf_counter() - started, exc)
+            self._finish(req.request_id, None)  # a grant recorded before the failure is still logged and checked
             raise
-        self.observer.allocate_done(time.perf_counter() - started, None)
+        took = time.perf_counter() - started
+        self._after(req.request_id, lambda _replied: self.observer.allocate_done(took, None))
         return reply
 
+    def _after(self, request_id: str, work: Callable[[float | None], None]) -> None:
+        """Do ``work`` once the reply to ``request_id`` is out (``_replied``)."""
+        self._after_reply.setdefault(request_id, []).append(work)
+
     def _replied(self, req: AllocateRequest) -> None:
-        """The reply is out: tell the observer the grant's steps (none for a retry answered from state)."""
+        """The reply has been handed to the connection (or could not be): what is left of the request's
+        work runs once the connection has written it (the bus's flusher was woken first)."""
+        replied = time.perf_counter()
         self.replies.replied()
-        marks = self._marks.pop(req.request_id, None)
-        if marks is not None:
-            received, decided, appended, confirmed = marks
-            self.observer.allocate_hops(decided - received, appended - decided, confirmed - appended,
-                                        time.perf_counter() - confirmed)
+        if req.request_id in self._after_reply:
+            asyncio.get_running_loop().call_soon(self._finish, req.request_id, replied)
+
+    def _finish(self, request_id: str, replied: float | None) -> None:
+        for work in self._after_reply.pop(request_id, ()):
+            work(replied)
 
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
         try:
@@ -466,20 +476,28 @@ class Allocator:
                 check = AdmissionCheck.of(pod)  # the registrar checks it against its List before answering
             elif not await self._confirmed(granted, pod, view):
                 return None
-        done = time.perf_counter()
-        appending = timing.pop("appending")
-        self._marks[req.request_id] = (started, appending, appended, done)
-        _logger.info("granted", pod=pod.key, container=container.name, cores=cores, memory=memory,
-                  gpus=[s.index for s in granted.shares], seq=stored[0].seq, request_id=req.request_id,
-                  append_ms=round((appended - appending) * 1000, 2), confirm_ms=round((done - appended) * 1000, 2),
-                  **timing, total_ms=round((done - started) * 1000, 2))
+        marks = (started, timing.pop("appending"), appended, time.perf_counter())
+        self._after(req.request_id, functools.partial(self._granted, pod, granted, marks, timing))
+        return _reply(granted, check)
+
+    def _granted(self, pod: Pod, granted: Allocation, marks: tuple[float, float, float, float],
+                 timing: dict[str, float], replied: float | None) -> None:
+        """A grant's bookkeeping, after its reply: its steps to the observer (``marks``: received,
+        decided, appended, confirmed), its log line, its annotations, its check against the kubelet."""
+        received, decided, appended, done = marks
+        if replied is not None:
+            self.observer.allocate_hops(decided - received, appended - decided, done - appended, replied - done)
+        _logger.info("granted", pod=pod.key, container=granted.container, cores=granted.cores,
+                  memory=granted.memory, gpus=[s.index for s in granted.shares], seq=granted.granted_seq,
+                  request_id=granted.request_id, append_ms=round((appended - decided) * 1000, 2),
+                  confirm_ms=round((done - appended) * 1000, 2), **timing,
+                  total_ms=round((done - received) * 1000, 2))
         if not is_predicated(pod):
-            # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (after the reply; one
-            # write with the PreStart's when that comes soon: extender.py).
+            # Publish our own choice, as gpu-manager's PREDICATE_MISSING does (one write with the
+            # PreStart's when that comes soon: extender.py).
             self.annotations.publish(pod.metadata.namespace, pod.metadata.name, pod.uid, assigned=False,
                                      defer=True)
         self._verify_soon(granted)
-        return _reply(granted, check)
 
     async def _confirmed(self, granted: Allocation, pod: Pod, view: _KubeletView) -> bool:
         """True when the kubelet's List (or its silence) lets an unconfirmed grant stand; else the
