@@ -8,6 +8,7 @@ upstream #99): GPU usage is sampled in the background and the scrape reads the l
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -101,29 +102,30 @@ async def serving(settings: Settings, service: str, registry: CollectorRegistry,
 
 def timed(fn: Callable[..., Awaitable[Any]], histogram: Histogram,
           outcome: Callable[[BaseException | None], dict[str, str]]) -> Callable[..., Awaitable[Any]]:
-    """``fn`` with each call's duration observed in ``histogram``, labelled by ``outcome(error)``."""
+    """``fn`` with each call's duration observed in ``histogram``, labelled by ``outcome(error)``. The
+    observation is made on the loop's next turn: a gRPC handler's response is on its way by then."""
 
     children: dict[tuple[str, ...], Histogram] = {}  # by label values: ``labels`` costs a lock and a sort
 
-    def observe(exc: BaseException | None, start: float) -> None:
+    def observe(exc: BaseException | None, seconds: float) -> None:
         labels = outcome(exc)
         if not labels:
-            histogram.observe(time.perf_counter() - start)
+            histogram.observe(seconds)
             return
         key = tuple(labels.values())
         child = children.get(key)
         if child is None:
             child = children[key] = histogram.labels(**labels)
-        child.observe(time.perf_counter() - start)
+        child.observe(seconds)
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            observe(exc, start)
+            observe(exc, time.perf_counter() - start)
             raise
-        observe(None, start)
+        asyncio.get_running_loop().call_soon(observe, None, time.perf_counter() - start)
         return result
 
     return wrapper

@@ -137,16 +137,26 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         if listing is not None:
             reply = await self._checked(context, req, reply, listing)
         checked = time.perf_counter()
-        _logger.info("allocated", request_id=req.request_id, alloc_id=reply.alloc_id, container=reply.container,
+        # The rest is bookkeeping: it runs once the response is on its way (grpc starts sending it
+        # before this task yields), not before.
+        response = pb.AllocateResponse(container_responses=[to_proto(reply.response)])
+        marks = (received, asked, answered, checked, time.perf_counter())
+        asyncio.get_running_loop().call_soon(self._allocated, req.request_id, reply, ids, marks)
+        return response
+
+    def _allocated(self, request_id: str, reply: AllocateReply, ids: list[str],
+                   marks: tuple[float, float, float, float, float]) -> None:
+        """An Allocate's bookkeeping after its response: its log line, its PreStart verdict asked
+        ahead, its times (``marks``: received, asked the allocator, answered, checked, answering)."""
+        received, asked, answered, checked, answering = marks
+        _logger.info("allocated", request_id=request_id, alloc_id=reply.alloc_id, container=reply.container,
                   pod=f"{reply.namespace}/{reply.pod_name}", pod_uid=reply.pod_uid,
                   allocator_ms=round((answered - asked) * 1000, 2), check_ms=round((checked - answered) * 1000, 2))
-        response = pb.AllocateResponse(container_responses=[to_proto(reply.response)])
         if self.prestart is not None:
             self.prestart.allocated(PreStartRequest(request_id=uuid.uuid4().hex, resource=self.resource,
                                                     device_ids=ids))
         if self.on_allocated is not None:
-            self.on_allocated(time.perf_counter() - received, answered - asked, checked - answered)
-        return response
+            self.on_allocated(answering - received, answered - asked, checked - answered)
 
     async def _checked(self, context: grpc.aio.ServicerContext, req: AllocateRequest, reply: AllocateReply,
                        listing: asyncio.Future[bytes | None]) -> AllocateReply:
