@@ -18,6 +18,7 @@ directory:
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -275,6 +276,8 @@ class VcudaMethods:
             _logger.warning("registration refused", pod_uid=caller.pod_uid, pid=caller.pid, code=exc.code.name,
                             error=exc.message)
             raise
-        _logger.info("container bound", pod_uid=caller.pod_uid, container=bound.name, entry=bound.entry,
-                     written=bound.changed, pids=bound.pids, via=bound.via)
+        # Logged on the loop's next turn, once the reply is written: the container waits for it.
+        asyncio.get_running_loop().call_soon(functools.partial(
+            _logger.info, "container bound", pod_uid=caller.pod_uid, container=bound.name, entry=bound.entry,
+            written=bound.changed, pids=bound.pids, via=bound.via))
         return _EMPTY_RESPONSE
