@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 
 import msgspec
 import nats
@@ -185,4 +186,44 @@ async def test_a_flushed_subscription_answers_another_connection_at_once(nats_se
             assert reply.pods == [], i
     finally:
         await asker.close()
+        await responder.close()
+
+
+async def test_work_left_after_a_reply_does_not_hold_the_reply_back(nats_server: NatsServer) -> None:
+    """``on_replied`` runs before the connection has written the reply; what it leaves for the loop's
+    next turn runs after the write (the allocator leaves a grant's bookkeeping so). Here that work
+    blocks the serving loop for a second: an asker on a loop of its own, in another thread, has its
+    reply long before the work ends. Run before the write, the work would hold the reply for it."""
+    responder = await Bus.connect(nats_server.url, name="responder", node="n1")
+    subject = f"{responder.subjects.prefix}.after-reply"
+    finished: list[float] = []
+
+    async def answer(req: PodsRequest) -> PodsReply:
+        return PodsReply(pods=[])
+
+    def block() -> None:
+        time.sleep(1.0)  # the serving loop is stuck meanwhile (the GIL is free for the asker)
+        finished.append(time.monotonic())
+
+    def replied(_req: PodsRequest) -> None:
+        asyncio.get_running_loop().call_soon(block)
+
+    def ask() -> float:
+        async def asking() -> float:
+            asker = await nats.connect(nats_server.url, name="asker")
+            try:
+                await asker.request(subject, msgspec.json.encode(PodsRequest()), timeout=5)
+                return time.monotonic()
+            finally:
+                await asker.close()
+
+        return asyncio.run(asking())
+
+    try:
+        await responder.serve(subject, PodsRequest, answer, on_replied=replied)
+        await responder.flush()
+        answered = await asyncio.to_thread(ask)
+        assert finished, "the work left for after the reply never ran"
+        assert answered < finished[0] - 0.5, f"the reply came {answered - finished[0]:+.3f} s after the work ended"
+    finally:
         await responder.close()
