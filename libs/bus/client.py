@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ from libs.events.codec import StoredEvent, decode_record
 from libs.events.subjects import Subjects
 from libs.logger import bound, correlation, get_logger
 
-__all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "REQUEST_ID_HEADER", "Bus"]
+__all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "REQUEST_ID_HEADER", "Bus", "after_reply"]
 
 ERROR_HEADER = "Nats-Service-Error"
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
@@ -44,6 +45,30 @@ Rep = TypeVar("Rep")
 Msg_T = TypeVar("Msg_T")
 
 _logger = get_logger("bus")
+
+# What the handler of the request being served left for after its reply (``after_reply``); None outside
+# a handler. The handler runs in the subscription's task, which sets and resets this around it.
+_AFTER_REPLY: contextvars.ContextVar[list[Callable[[float | None], None]] | None] = contextvars.ContextVar(
+    "after_reply", default=None)
+
+
+def after_reply(work: Callable[[float | None], None]) -> None:
+    """Have ``work`` run once the reply to the request being served is out, so that it does not delay it.
+
+    nats-py writes a reply when the serving task next yields: ``work`` runs on the loop turn after the
+    reply was handed to the connection, which writes it first. It gets the ``time.perf_counter()`` of
+    the hand-over, or None when there was none (the handler failed: an error was answered instead).
+    Call it from the handler's own task; outside a handler, ``work(None)`` runs on the next turn."""
+    pending = _AFTER_REPLY.get()
+    if pending is None:
+        asyncio.get_running_loop().call_soon(work, None)
+    else:
+        pending.append(work)
+
+
+def _run_after_reply(pending: list[Callable[[float | None], None]], replied: float | None) -> None:
+    for work in pending:
+        work(replied)
 
 RECONNECT_WAIT_S = 0.5
 FIRST_CONNECT_MAX_WAIT_S = 2.0  # the first connect's backoff doubles up to this
@@ -207,9 +232,9 @@ class Bus:
     ) -> Subscription:
         """Answer requests on ``subject``; requests on one subscription are handled one at a time.
 
-        ``on_replied(req)`` runs once a successful handler's reply has been handed to the connection, or
-        failed to be (encoding and publishing included). The connection writes it when this task next
-        yields, after ``on_replied``: work it defers with ``call_soon`` comes after the write."""
+        ``on_replied(req)`` runs once a successful reply has been handed to the connection (a caller
+        timing its own reply step: encoding and publishing included). Work a handler leaves for after
+        its reply: ``after_reply``."""
         return await self._serve(subject, req_type, lambda _subject, req: handler(req), queue=queue,
                                  on_replied=on_replied)
 
@@ -247,21 +272,28 @@ class Bus:
                 await handle(msg, req)
 
         async def handle(msg: Msg, req: Any) -> None:
+            pending: list[Callable[[float | None], None]] = []
+            token = _AFTER_REPLY.set(pending)
+            replied = None
             try:
-                rep = await handler(msg.subject, req)
-            except ServiceError as exc:
-                await self._reply_error(msg, exc.code, exc.message)
-                return
-            except Exception as exc:
-                _logger.error("handler failed", subject=subject, error=str(exc), exc_info=exc)
-                await self._reply_error(msg, 500, f"internal error: {exc}")
-                return
-            try:
+                try:
+                    rep = await handler(msg.subject, req)
+                except ServiceError as exc:
+                    await self._reply_error(msg, exc.code, exc.message)
+                    return
+                except Exception as exc:
+                    _logger.error("handler failed", subject=subject, error=str(exc), exc_info=exc)
+                    await self._reply_error(msg, 500, f"internal error: {exc}")
+                    return
                 if msg.reply:  # not msg.respond(): that would echo the request's headers
                     await self._nc.publish(msg.reply, msgspec.json.encode(rep))
-            finally:
+                replied = time.perf_counter()
                 if on_replied is not None:
                     on_replied(req)
+            finally:
+                _AFTER_REPLY.reset(token)
+                if pending:  # scheduled after the connection's flusher, which the publish woke
+                    asyncio.get_running_loop().call_soon(_run_after_reply, pending, replied)
 
         sub = await self._nc.subscribe(subject, queue=queue or "", cb=on_msg)
         self._subs.append(sub)

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Generic, NamedTuple, TypeVar
 
-from libs.bus.client import Bus
+from libs.bus.client import Bus, after_reply
 from libs.commands import (
     AllocateReply,
     AllocateRequest,
@@ -120,10 +120,6 @@ class Allocator:
         # What every grant's response is built from: the settings the log's writer records, so the compact
         # row's check at write reproduces it; its template is reused (libs/placement/recorded.py).
         self.responses = responses
-        # request id -> what is left to do for it once its reply is out (``_replied``), each called with
-        # when the reply was handed over (None: it could not be). The reply is written to the socket
-        # only when the handler's task next yields: work done before that would delay it.
-        self._after_reply: dict[str, list[Callable[[float | None], None]]] = {}
         # alloc id -> the kubelet's holder of exactly its device IDs, as a List after its Allocate showed
         # them (same pod and container): its identity is settled, and device IDs do not move while the
         # pod lives, so its PreStart and its release need no List of their own. Added to by every List
@@ -163,27 +159,13 @@ class Allocator:
                 reply = await self.allocate(req)
         except BaseException as exc:
             self.observer.allocate_done(time.perf_counter() - started, exc)
-            self._finish(req.request_id, None)  # a grant recorded before the failure is still logged and checked
             raise
         took = time.perf_counter() - started
-        self._after(req.request_id, lambda _replied: self.observer.allocate_done(took, None))
+        after_reply(lambda _replied: self.observer.allocate_done(took, None))
         return reply
 
-    def _after(self, request_id: str, work: Callable[[float | None], None]) -> None:
-        """Do ``work`` once the reply to ``request_id`` is out (``_replied``)."""
-        self._after_reply.setdefault(request_id, []).append(work)
-
-    def _replied(self, req: AllocateRequest) -> None:
-        """The reply has been handed to the connection (or could not be): what is left of the request's
-        work runs once the connection has written it (the bus's flusher was woken first)."""
-        replied = time.perf_counter()
+    def _replied(self, _req: AllocateRequest) -> None:
         self.replies.replied()
-        if req.request_id in self._after_reply:
-            asyncio.get_running_loop().call_soon(self._finish, req.request_id, replied)
-
-    def _finish(self, request_id: str, replied: float | None) -> None:
-        for work in self._after_reply.pop(request_id, ()):
-            work(replied)
 
     async def allocate(self, req: AllocateRequest) -> AllocateReply:
         try:
@@ -477,7 +459,8 @@ class Allocator:
             elif not await self._confirmed(granted, pod, view):
                 return None
         marks = (started, timing.pop("appending"), appended, time.perf_counter())
-        self._after(req.request_id, functools.partial(self._granted, pod, granted, marks, timing))
+        # After the reply (even a failed one: the grant is recorded, so it is logged and checked).
+        after_reply(functools.partial(self._granted, pod, granted, marks, timing))
         return _reply(granted, check)
 
     def _granted(self, pod: Pod, granted: Allocation, marks: tuple[float, float, float, float],

@@ -15,7 +15,9 @@ import structlog
 from nats.aio.msg import Msg
 
 from libs.bus import Bus, NatsServer
+from libs.bus.client import after_reply
 from libs.commands import PodChanged, PodsReply, PodsRequest
+from libs.errors import RemoteError, ServiceError
 from libs.events.codec import StoredEvent, to_record
 from libs.events.schema import AllocationReleased, GpuHealthChanged
 from libs.kube.pods import Pod
@@ -190,23 +192,21 @@ async def test_a_flushed_subscription_answers_another_connection_at_once(nats_se
 
 
 async def test_work_left_after_a_reply_does_not_hold_the_reply_back(nats_server: NatsServer) -> None:
-    """``on_replied`` runs before the connection has written the reply; what it leaves for the loop's
-    next turn runs after the write (the allocator leaves a grant's bookkeeping so). Here that work
-    blocks the serving loop for a second: an asker on a loop of its own, in another thread, has its
-    reply long before the work ends. Run before the write, the work would hold the reply for it."""
+    """What a handler leaves for after its reply (``after_reply``, as the allocator leaves a grant's
+    bookkeeping) runs after the connection has written the reply. Here that work blocks the serving loop
+    for a second: an asker on a loop of its own, in another thread, has its reply long before the work
+    ends. Run before the write, the work would hold the reply for it."""
     responder = await Bus.connect(nats_server.url, name="responder", node="n1")
     subject = f"{responder.subjects.prefix}.after-reply"
     finished: list[float] = []
 
-    async def answer(req: PodsRequest) -> PodsReply:
-        return PodsReply(pods=[])
-
-    def block() -> None:
+    def block(replied: float | None) -> None:
         time.sleep(1.0)  # the serving loop is stuck meanwhile (the GIL is free for the asker)
         finished.append(time.monotonic())
 
-    def replied(_req: PodsRequest) -> None:
-        asyncio.get_running_loop().call_soon(block)
+    async def answer(req: PodsRequest) -> PodsReply:
+        after_reply(block)
+        return PodsReply(pods=[])
 
     def ask() -> float:
         async def asking() -> float:
@@ -220,10 +220,36 @@ async def test_work_left_after_a_reply_does_not_hold_the_reply_back(nats_server:
         return asyncio.run(asking())
 
     try:
-        await responder.serve(subject, PodsRequest, answer, on_replied=replied)
+        await responder.serve(subject, PodsRequest, answer)
         await responder.flush()
         answered = await asyncio.to_thread(ask)
         assert finished, "the work left for after the reply never ran"
         assert answered < finished[0] - 0.5, f"the reply came {answered - finished[0]:+.3f} s after the work ended"
     finally:
+        await responder.close()
+
+
+async def test_work_left_after_a_reply_runs_when_the_handler_fails(nats_server: NatsServer) -> None:
+    """A handler that failed after leaving work for after its reply (the allocator: a grant recorded,
+    then an error) still has that work done, told that no reply was handed over."""
+    responder = await Bus.connect(nats_server.url, name="responder", node="n1")
+    asker = await Bus.connect(nats_server.url, name="asker", node="n1")
+    subject = f"{responder.subjects.prefix}.after-failure"
+    done: list[float | None] = []
+
+    async def answer(req: PodsRequest) -> PodsReply:
+        after_reply(done.append)
+        raise ServiceError(409, "refused after recording")
+
+    try:
+        await responder.serve(subject, PodsRequest, answer)
+        await responder.flush()
+        with pytest.raises(RemoteError, match="refused after recording"):
+            await asker.request(subject, PodsRequest(), PodsReply, timeout=5)
+        async with asyncio.timeout(5):
+            while not done:  # noqa: ASYNC110 (filled on the responder's next loop turn)
+                await asyncio.sleep(0.01)
+        assert done == [None]
+    finally:
+        await asker.close()
         await responder.close()
