@@ -702,8 +702,7 @@ class Allocator:
                 return []
             try:
                 events[:] = plan_corrections(state, wrong, share_mode=self.settings.share_mode,
-                                             vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-                                             extra_devices=self.responses.extra_devices, reason=reason)
+                                             responses=self.responses, reason=reason)
             except ServiceError as exc:
                 raise ServiceError(409, f"PreStartContainer check failed, {exc.message}") from exc
             return events

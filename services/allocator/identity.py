@@ -11,7 +11,6 @@ refused and the caller fails only that container.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 
 import msgspec
 
@@ -21,7 +20,7 @@ from libs.events.schema import AllocationCorrected, GpuShare
 from libs.kube.pods import Container, Pod
 from libs.ledger.state import CLAIM_PREFIX, Allocation, GpuUsage, LedgerState
 from libs.placement.placement import place
-from libs.placement.responses import build_response
+from libs.placement.recorded import ResponseSettings, reproduce
 from services.allocator.extender import core_limit
 from services.allocator.podresources import DeviceHolder, RecordedDevices
 
@@ -137,12 +136,11 @@ def plan_corrections(
     wrong: Sequence[Misattributed],
     *,
     share_mode: bool,
-    vm_root: Path,
-    vdriver_root: Path,
+    responses: ResponseSettings,
     reason: str,
-    extra_devices: Sequence[str] = (),
 ) -> list[AllocationCorrected]:
-    """The events that move every misattributed grant to its real owner, all or nothing.
+    """The events that move every misattributed grant to its real owner, all or nothing; each carries
+    the response the node's grants are built with (``responses``: hami-core delivery included).
 
     Raises ServiceError (409) naming the container that does not fit.
     """
@@ -160,10 +158,9 @@ def plan_corrections(
         shares = _keep_or_place(view, links, alloc, memory, share_mode, pod, w.container.name)
         if alloc.charged:
             _charge(view, alloc.alloc_id, shares, +1)
-        response = build_response(
-            shares=shares, cores=alloc.cores, memory=memory, pod_uid=pod.uid, vm_root=vm_root,
-            vdriver_root=vdriver_root, compat32=(w.container.env_value("compat32") or "").lower() == "true",
-            extra_devices=extra_devices,
+        response = reproduce(
+            responses, shares=shares, cores=alloc.cores, memory=memory, pod_uid=pod.uid, container=w.container.name,
+            compat32=(w.container.env_value("compat32") or "").lower() == "true",
         )
         events.append(AllocationCorrected(
             alloc_id=alloc.alloc_id, pod_uid=pod.uid, namespace=pod.metadata.namespace,

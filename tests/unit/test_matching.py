@@ -21,10 +21,17 @@ from libs.events.schema import (
 from libs.kube.pods import Pod
 from libs.kubelet.podresources.v1 import api_pb2 as pr
 from libs.ledger.state import LedgerState
+from libs.placement.hami_response import HamiDelivery
+from libs.placement.recorded import ResponseSettings
 from services.allocator.identity import can_settle, misattributed, plan_corrections, settled_grants, suspects
 from services.allocator.matching import find_candidate
 from services.allocator.podresources import holders
 from services.allocator.prestart import check_allocation
+
+_VCUDA = ResponseSettings.of(Path("/vm"), Path("/vd"))
+_HAMI = ResponseSettings.of(Path("/vm"), Path("/vd"), hami=HamiDelivery(
+    library="/usr/local/vgpu/libvgpu.so", mount_dir="/usr/local/vgpu", lock_dir="/tmp/vgpulock",
+    preload="/vm/_hami/ld.so.preload", origin_volume="/vd/origin", vm_root=Path("/vm")))
 
 
 def pod(name: str, containers: list[tuple[str, int, int]], *, created: str = "2026-11-22T10:00:00Z",
@@ -174,8 +181,7 @@ def test_a_swap_is_corrected_both_ways_on_the_same_gpu() -> None:
     found = holders(_listing(("b", "main", ["x"], 60), ("a", "main", ["y"], 4)))
     assert [a.alloc_id for a in suspects(state, found)] == ["a-a-main", "a-b-main"]
     wrong = misattributed(state, found, pods)
-    events = plan_corrections(state, wrong, share_mode=True, vm_root=Path("/vm"), vdriver_root=Path("/vd"),
-                              reason="test")
+    events = plan_corrections(state, wrong, share_mode=True, responses=_VCUDA, reason="test")
     assert [(e.previous_pod_uid, e.pod_uid, e.memory) for e in events] == [
         ("uid-a", "uid-b", 60 * BLOCK), ("uid-b", "uid-a", 4 * BLOCK)]
     assert all(e.shares[0].index == 0 for e in events)  # the memory still fits where they are
@@ -193,14 +199,36 @@ def test_a_correction_that_no_longer_fits_its_gpu_moves_or_fails() -> None:
     pods = [pod("a", [("main", 50, 2)]), pod("b", [("main", 50, 10)])]
     found = holders(_listing(("b", "main", ["x"], 10)))
     wrong = misattributed(state, found, pods)
-    [moved] = plan_corrections(state, wrong, share_mode=True, vm_root=Path("/vm"), vdriver_root=Path("/vd"),
-                               reason="test")
+    [moved] = plan_corrections(state, wrong, share_mode=True, responses=_VCUDA, reason="test")
     assert moved.shares[0].index == 1 and moved.memory == 10 * BLOCK
 
     full = _grant_state([("other", "main", 40, 58, 0, ["o"]), ("a", "main", 50, 2, 0, ["x"])], gpus=1)
     with pytest.raises(ServiceError, match=r"the kubelet gave the devices of this grant to pod default/b"):
-        plan_corrections(full, misattributed(full, found, pods), share_mode=True, vm_root=Path("/vm"),
-                         vdriver_root=Path("/vd"), reason="test")
+        plan_corrections(full, misattributed(full, found, pods), share_mode=True, responses=_VCUDA,
+                         reason="test")
+
+
+def test_a_correction_under_hami_core_delivery_carries_the_hami_response() -> None:
+    # A node delivering limits through HAMi-core must record corrections in that form too, with the
+    # real owner's cache directory, not gpu-manager's vcuda response.
+    state = _grant_state([("a", "main", 50, 4, 0, ["x"])])
+    pods = [pod("a", [("main", 50, 4)]), pod("b", [("worker", 50, 8)])]
+    found = holders(_listing(("b", "worker", ["x"], 8)))
+    [moved] = plan_corrections(state, misattributed(state, found, pods), share_mode=True, responses=_HAMI,
+                               reason="test")
+    envs = moved.response.envs
+    assert envs["CUDA_DEVICE_SM_LIMIT"] == "50"
+    assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{8 * BLOCK >> 20}m"
+    assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith("/usr/local/vgpu/")
+    hosts = {m.container_path: m.host_path for m in moved.response.mounts}
+    assert hosts["/usr/local/nvidia"] == "/vd/origin"
+    assert hosts["/usr/local/vgpu"] == "/vm/uid-b/_hami/worker"
+    assert "/etc/vcuda" not in hosts
+    # the vcuda node's correction stays gpu-manager's response
+    [plain] = plan_corrections(state, misattributed(state, found, pods), share_mode=True, responses=_VCUDA,
+                               reason="test")
+    assert "CUDA_DEVICE_SM_LIMIT" not in plain.response.envs
+    assert {m.container_path for m in plain.response.mounts} == {"/usr/local/nvidia", "/etc/vcuda"}
 
 
 def test_reused_init_devices_are_not_a_wrong_guess() -> None:
