@@ -127,7 +127,7 @@ async def service(settings: Settings) -> AsyncIterator[AllocatorService]:
             supervisor.spawn(archiver.retention_forever(lambda: events.last_seq), "log-retention")
         await archiver.serve(bus)
         await apply_mode_setting(ledger, settings.dra_gpus)  # which GPUs DRA serves (idle ones only move)
-        claims = ClaimHandlers(settings, ledger, bus, hami=recorded.delivery())  # the grants' delivery, for claims
+        claims = ClaimHandlers(settings, ledger, bus, responses=recorded)  # the grants' form, for claims
         await handlers.serve()
         await claims.serve()
         yield AllocatorService(ledger=ledger, handlers=handlers, relay=relay, supervisor=supervisor, health=health,

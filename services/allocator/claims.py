@@ -32,8 +32,7 @@ from libs.errors import ServiceError
 from libs.events.schema import ClaimPrepared, ClaimUnprepared, Event, GpuModeChanged, GpuShare
 from libs.ledger.state import MODE_DEVICE_PLUGIN, MODE_DRA, Allocation, LedgerState, claim_alloc_id
 from libs.logger import get_logger
-from libs.placement.hami_response import HamiDelivery
-from libs.placement.responses import build_response
+from libs.placement.recorded import ResponseSettings, reproduce
 from services.allocator.ledger import Ledger
 
 __all__ = ["ClaimHandlers", "apply_mode_setting", "parse_gpu_list"]
@@ -92,11 +91,11 @@ async def apply_mode_setting(ledger: Ledger, spec: str) -> None:
 
 
 class ClaimHandlers:
-    def __init__(self, settings: Settings, ledger: Ledger, bus: Bus, *, hami: HamiDelivery | None) -> None:
+    def __init__(self, settings: Settings, ledger: Ledger, bus: Bus, *, responses: ResponseSettings) -> None:
         self.settings = settings
         self.ledger = ledger
         self.bus = bus
-        self.hami = hami
+        self.responses = responses  # what the node's grants are built with: a claim gets the same form
 
     @property
     def state(self) -> LedgerState:
@@ -179,10 +178,10 @@ class ClaimHandlers:
         pod_uid = claim.reserved_pods[0]
         # The vcuda directory is the claim's own (<vm_root>/<claim uid>), not a pod's: the CDI spec is
         # per claim, so every pod sharing the claim mounts it, and its gate admits each of them.
-        response = build_response(
-            shares=shares, cores=min(cores, 100) if len(shares) == 1 else 100 * len(shares), memory=memory,
-            pod_uid=claim.uid, vm_root=self.settings.vm_root, vdriver_root=self.settings.vdriver_root,
-            hami=self.hami, container=claim.name,
+        # The node's response settings, as for a grant: its delivery form and its --extra-config devices.
+        response = reproduce(
+            self.responses, shares=tuple(shares), cores=min(cores, 100) if len(shares) == 1 else 100 * len(shares),
+            memory=memory, pod_uid=claim.uid, container=claim.name,
         )
         return ClaimPrepared(
             alloc_id=claim_alloc_id(claim.uid), request_id=f"dra:{claim.uid}", pod_uid=pod_uid,

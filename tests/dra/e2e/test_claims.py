@@ -6,16 +6,21 @@ serves the claim's limits in vcuda.config, and the claim is unprepared once the 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from libs.bus.server import NatsServer
 from libs.cdi import device_id, spec_file_name
 from libs.config import MEMORY_BLOCK
 from libs.dra import DRIVER_NAME
 from libs.vcuda.client import VcudaClientError, register_vdevice
 from libs.vcuda.config import decode
-from tests.dra.e2e.helpers import DraNode, claim_pod, container_id
+from tests.builders import gpu_pod
+from tests.dra.e2e.helpers import DraNode, claim_pod, container_id, dra_settings, start_dra_node
 from tests.polling import eventually
 
 GIB = 1 << 30
@@ -111,3 +116,30 @@ async def test_a_claim_shared_by_two_pods_serves_each_pod_through_the_claims_soc
     await node.sim.delete_pod("default", "second")
     await eventually(lambda: not claim_dir.exists(), timeout=10, interval=0.05,
                      what="the claim's directory removed once it is unprepared")
+
+
+@pytest.fixture
+async def extra_node(nats_server: NatsServer, short_dir: Path) -> AsyncIterator[DraNode]:
+    extra = short_dir / "extra-config.json"
+    extra.write_text(json.dumps({"default": {"devices": ["/dev/nvidia-modeset"]}}))
+    settings = msgspec.structs.replace(dra_settings(short_dir, nats_server.url, dra_gpus="0,1"),
+                                       extra_config=str(extra))
+    async with AsyncExitStack() as stack:
+        yield await start_dra_node(stack, short_dir, nats_server.url, settings, device_plugin_cores=200,
+                                   dra_devices=2)
+
+
+async def test_a_claim_gets_the_extra_config_devices_as_a_device_plugin_grant_does(extra_node: DraNode) -> None:
+    # gpu-manager's --extra-config adds device nodes to every GPU container. On a node that serves GPUs
+    # both ways, a container given its GPU by a claim (through the claim's CDI spec) gets them too,
+    # as one given its GPU through the device plugin does.
+    node = extra_node
+    claimed = await node.run_pod(claim_pod("claimed", "gpu-share"))
+    plugged = await node.run_pod(gpu_pod("plugged", ("main", 10, 1)))
+    for name, pod in (("claimed", claimed), ("plugged", plugged)):
+        assert pod["status"]["phase"] == "Running", pod["status"]
+        devices = [d["container_path"] for d in node.sim.container_run_options("default", name, "main")["devices"]]
+        assert devices[-3:] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-modeset"], (name, devices)
+    claim_uid = node.claim_of("claimed")["metadata"]["uid"]
+    spec = json.loads((Path(node.settings.cdi_dir) / spec_file_name(claim_uid)).read_text())
+    assert "/dev/nvidia-modeset" in json.dumps(spec)
