@@ -102,6 +102,11 @@ class Container(msgspec.Struct, rename="camel"):
                 return var.value
         return None
 
+    @property
+    def compat32(self) -> bool:
+        """gpu-manager's ``compat32`` env: the container's driver libraries are the 32-bit ones."""
+        return (self.env_value("compat32") or "").lower() == "true"
+
 
 class OwnerReference(msgspec.Struct, rename="camel"):
     kind: str = ""

@@ -430,7 +430,7 @@ class Allocator:
             shares = self._choose(req, cand, cores, memory)
             response = reproduce(
                 self.responses, shares=shares, cores=cores, memory=memory, pod_uid=pod.uid, container=container.name,
-                compat32=(container.env_value("compat32") or "").lower() == "true",
+                compat32=container.compat32,
             )
             if time.time() > deadline:
                 raise ServiceError(504, "the kubelet's deadline passed before the grant could be recorded")

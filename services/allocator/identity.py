@@ -160,7 +160,7 @@ def plan_corrections(
             _charge(view, alloc.alloc_id, shares, +1)
         response = reproduce(
             responses, shares=shares, cores=alloc.cores, memory=memory, pod_uid=pod.uid, container=w.container.name,
-            compat32=(w.container.env_value("compat32") or "").lower() == "true",
+            compat32=w.container.compat32,
         )
         events.append(AllocationCorrected(
             alloc_id=alloc.alloc_id, pod_uid=pod.uid, namespace=pod.metadata.namespace,
