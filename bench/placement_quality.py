@@ -8,7 +8,8 @@ kubelet's device-ID count, then a placer over the allocator's LedgerState) twice
 trace: arrivals placed before the first refusal, and the utilisation (cores held / node cores) at
 that moment. The offline bound is the most arrivals any placement, knowing the whole trace, could
 place before its first refusal: an exhaustive search over placements (GPUs with the same contents are
-interchangeable, so states are canonicalised and memoised); its utilisation follows from the trace.
+interchangeable, so states are canonicalised and memoised; a state's other placements are not searched
+once one reaches what the node's totals allow); its utilisation follows from the trace.
 For multi-GPU grants, the link quality: NVLinks per GPU pair, and the share of grants that cross
 the CPU sockets (SYS). The same traces in DRA mode (bench/dra_placement.py): each arrival a
 ResourceClaim placed by the simulator's structured-parameters allocator, the kube-scheduler's part.
@@ -155,6 +156,7 @@ def offline_bound(inv: Inventory, ops: list[Request | str]) -> int:
     memory = min(g.memory for g in inv.gpus)  # the bundled profiles are homogeneous
     reqs = {op.pod: op for op in ops if isinstance(op, Request)}
     budget = [SEARCH_BUDGET]
+    ceiling = arrivals_before_capacity_runs_out(ops, n, memory)
 
     # A GPU's state: the pods on it (frozenset); the node's state: the sorted tuple of GPU states.
     def load(gpu: frozenset[str]) -> tuple[int, int]:
@@ -167,7 +169,7 @@ def offline_bound(inv: Inventory, ops: list[Request | str]) -> int:
         budget[0] -= 1
         if budget[0] < 0:
             raise BudgetExceeded
-        if i == len(ops):
+        if ceiling[i] == 0:  # the end of the trace, or an arrival no placement can take
             return 0
         op = ops[i]
         if isinstance(op, str):
@@ -182,6 +184,7 @@ def offline_bound(inv: Inventory, ops: list[Request | str]) -> int:
                 options.append(tuple(sorted((g | {op.pod} if k in taken else g for k, g in enumerate(state)),
                                             key=sorted)))
         else:
+            fits = []
             seen = set()
             for k, g in enumerate(state):
                 if g in seen:
@@ -189,15 +192,56 @@ def offline_bound(inv: Inventory, ops: list[Request | str]) -> int:
                 seen.add(g)
                 cores, mem = load(g)
                 if cores + op.cores <= 100 and mem + op.blocks * MEMORY_BLOCK <= memory:
-                    options.append(tuple(sorted((*state[:k], g | {op.pod}, *state[k + 1:]), key=sorted)))
-        if not options:
-            return 0
-        return 1 + max(best(i + 1, s) for s in options)
+                    fits.append((-cores, k))
+            # The fullest GPU first: it most often leads to a placement that reaches the ceiling.
+            options = [tuple(sorted((*state[:k], state[k] | {op.pod}, *state[k + 1:]), key=sorted))
+                       for _, k in sorted(fits)]
+        most = 0
+        for s in options:
+            most = max(most, 1 + best(i + 1, s))
+            if most == ceiling[i]:  # no placement does better: the other options need no search
+                break
+        return most
 
     try:
         return best(0, tuple(frozenset() for _ in range(n)))
     finally:
         best.cache_clear()
+
+
+def arrivals_before_capacity_runs_out(ops: list[Request | str], gpus: int, memory: int) -> list[int]:
+    """For each position i of the trace, how many arrivals from i on come before the first one that
+    no placement can take, counted on the node's totals alone (so with ``len(ops) + 1`` entries).
+
+    Which pods are on the node after an arrival does not depend on where they were put (every earlier
+    one was placed). The whole-GPU pods need a GPU each to themselves; the shares need at least as many
+    GPUs as their cores and their memory fill. Once the two need more GPUs than the node has, that
+    arrival is refused by every placement: an exact search can stop as soon as it reaches this count.
+    """
+    whole = share_cores = share_memory = 0
+    live: dict[str, Request] = {}
+    stop = len(ops)
+    for j, op in enumerate(ops):
+        if isinstance(op, str):
+            gone = live.pop(op, None)
+            if gone is not None:
+                whole, share_cores, share_memory = _held(whole, share_cores, share_memory, gone, -1)
+            continue
+        live[op.pod] = op
+        whole, share_cores, share_memory = _held(whole, share_cores, share_memory, op, 1)
+        if whole + max(-(-share_cores // 100), -(-share_memory // memory)) > gpus:
+            stop = j
+            break
+    counts = [0] * (len(ops) + 1)
+    for i in range(len(ops) - 1, -1, -1):
+        counts[i] = counts[i + 1] + (i < stop and isinstance(ops[i], Request))
+    return counts
+
+
+def _held(whole: int, cores: int, memory: int, req: Request, sign: int) -> tuple[int, int, int]:
+    if req.cores >= 100:
+        return whole + sign * (req.cores // 100), cores, memory
+    return whole, cores + sign * req.cores, memory + sign * req.blocks * MEMORY_BLOCK
 
 
 def utilisation_after(inv: Inventory, ops: list[Request | str], placed: int) -> float:
