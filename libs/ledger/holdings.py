@@ -44,8 +44,7 @@ from libs.ledger.views import (
     view_of,
 )
 from libs.store.packed import hex_text, pack_uuid, uuid_text
-from libs.store.replay import by_seq, last_seq_wanted, open_reader
-from libs.store.rows import COLUMNS, row_to_stored
+from libs.store.replay import by_seq, last_seq_wanted, open_reader, stored_at
 
 __all__ = ["AuditFold", "AuditView", "GpuHolding", "Holding", "audit_replay", "grant_device_ids"]
 
@@ -240,8 +239,8 @@ def _fill_event_ids(conn: sqlite3.Connection, holders: list[Holding], in_row: se
 
 def grant_device_ids(conn: sqlite3.Connection, seq: int) -> tuple[str, ...]:
     """The kubelet device IDs of the grant at ``seq`` (read in full: rare, so simple)."""
-    row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
-    ev = row_to_stored(row, conn).event
+    stored = stored_at(conn, seq)
+    ev = None if stored is None else stored.event
     return ev.device_ids if isinstance(ev, AllocationGranted) else ()
 
 
@@ -253,7 +252,7 @@ def audit_replay(
     on_other: Callable[[StoredEvent], object] | None = None,
 ) -> AuditView:
     """The holdings right after ``upto_seq`` / at ``upto_time`` (both: the earlier), else now."""
-    conn = open_reader(path)
+    conn = open_reader(path, merged=False)  # one scan of the history: its segments are read one by one
     try:
         upto_seq = last_seq_wanted(conn, upto_seq, upto_time)
         fold = AuditFold(partial(grant_device_ids, conn))

@@ -36,8 +36,7 @@ from libs.events.schema import (
 from libs.ledger.rules import health_reason
 from libs.store.compact import COMPACT_V, COMPACT_V2, COMPACT_V2_TYPES, COMPACT_V3, PackedShare, reason_text, share_of
 from libs.store.packed import hex_text, uuid_text
-from libs.store.replay import LogReader, iter_row_chunks
-from libs.store.rows import COLUMNS, row_to_stored
+from libs.store.replay import LogReader, iter_row_chunks, stored_at
 
 __all__ = [
     "VIEWS",
@@ -282,8 +281,9 @@ def iter_views(
             if decode is not None:
                 yield seq, at, decode(payload)  # type: ignore[operator]
             else:
-                row = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
-                yield seq, at, row_to_stored(row, conn)
+                stored = stored_at(conn, seq)
+                assert stored is not None  # the row was just read
+                yield seq, at, stored
 
 
 def _grant_view(ev: AllocationGranted) -> GrantView:

@@ -44,6 +44,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -55,6 +56,7 @@ from libs.store.rows import COLUMNS, GENESIS_HASH
 
 __all__ = [
     "Segment",
+    "SegmentFiles",
     "archive_dir",
     "archive_prefix",
     "catalog",
@@ -72,6 +74,9 @@ ROW_COLUMNS = f"{COLUMNS}, hash"
 SUFFIX = ".seg.zst"
 ZSTD_LEVEL = 3          # ~300 MB/s on one core here; higher levels cost far more time than they save bytes
 DELETE_CHUNK = 5_000    # rows per delete transaction: appends wait at most one chunk
+# A segment read apart (SegmentFiles) is decompressed into memory up to this size, into a temporary
+# file above it (an archive of a long history in one step can be gigabytes).
+IN_MEMORY_LIMIT = 64 << 20
 _SEGMENT_DDL = (
     """CREATE TABLE events (seq INTEGER PRIMARY KEY, recorded_at INTEGER NOT NULL, stream_id TEXT NOT NULL,
        version INTEGER NOT NULL, type TEXT NOT NULL, schema_v INTEGER NOT NULL, event_id BLOB NOT NULL,
@@ -160,6 +165,19 @@ def _compress(src: Path, dst: Path) -> bytes:
         fout.flush()
         os.fsync(fout.fileno())
     return digest.digest()
+
+
+def _decompressed(src: Path, limit: int) -> bytes | None:
+    """The decompressed segment, or None when it is larger than ``limit`` bytes."""
+    import zstandard
+
+    out = bytearray()
+    with open(src, "rb") as fin, zstandard.ZstdDecompressor().stream_reader(fin) as reader:
+        while block := reader.read(1 << 20):
+            out += block
+            if len(out) > limit:
+                return None
+    return bytes(out)
 
 
 def _decompress(src: Path, dst: Path) -> None:
@@ -508,6 +526,90 @@ def materialize(log_path: Path, segments: list[Segment]) -> Path:
         out.unlink(missing_ok=True)
         raise
     return out
+
+
+class SegmentFiles:
+    """The archived part of the history read segment by segment, never merged into one file: a scan
+    decompresses each segment in turn, a lookup by seq only the segments that hold it. For a reader
+    that scans the whole history once (the audit replay), merging (``materialize``) copies every
+    archived row a second time and costs more than the scan itself.
+
+    A segment is open only while it is read (its temporary file unlinked after); the last one opened
+    for lookups stays open until the next or ``close``, since lookups come grouped by segment.
+    """
+
+    def __init__(self, log_path: Path, segments: list[Segment]) -> None:
+        self.folder = archive_dir(log_path)
+        self.segments = segments
+        self._kept: tuple[Segment, contextlib.ExitStack, sqlite3.Connection] | None = None
+
+    @property
+    def last_seq(self) -> int:
+        return self.segments[-1].last_seq if self.segments else 0
+
+    def scan(self, columns: str, after: int, upto: int, chunk: int) -> Iterator[list[Any]]:
+        """``columns`` of the archived rows in (after, upto], in seq order, ``chunk`` rows at a time."""
+        for seg in self.segments:
+            if seg.last_seq <= after or seg.first_seq > upto:
+                continue
+            with _in_memory(self.folder / seg.file) as conn:
+                cur = conn.execute(f"SELECT {columns} FROM events WHERE seq > ? AND seq <= ? ORDER BY seq",
+                                   (after, upto))
+                while rows := cur.fetchmany(chunk):
+                    yield rows
+
+    def holding(self, seq: int) -> sqlite3.Connection | None:
+        """A connection on the segment holding ``seq`` (None: no segment does), open until the next
+        segment is asked for or ``close``: its ``events`` and ``meta`` are that segment's."""
+        seg = next((s for s in self.segments if s.first_seq <= seq <= s.last_seq), None)
+        if seg is None:
+            return None
+        if self._kept is not None and self._kept[0] is seg:
+            return self._kept[2]
+        self.close()
+        stack = contextlib.ExitStack()
+        conn = stack.enter_context(_in_memory(self.folder / seg.file))
+        self._kept = (seg, stack, conn)
+        return conn
+
+    def seq_at_time(self, time_ns: int) -> int:
+        """The last archived seq recorded at or before ``time_ns`` (0 when none): the catalog's times
+        find the segment, and only a time inside one segment opens it."""
+        before = [s for s in self.segments if s.first_at <= time_ns]
+        if not before:
+            return 0
+        seg = before[-1]
+        if seg.last_at <= time_ns:
+            return seg.last_seq
+        conn = self.holding(seg.first_seq)
+        assert conn is not None
+        row = conn.execute("SELECT MAX(seq) FROM events WHERE recorded_at <= ?", (time_ns,)).fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        if self._kept is not None:
+            self._kept[1].close()
+            self._kept = None
+
+
+@contextlib.contextmanager
+def _in_memory(path: Path) -> Iterator[sqlite3.Connection]:
+    """One segment open for reading, decompressed into memory: no temporary file written and read
+    back (a third of a scan's time over the archive). Above ``IN_MEMORY_LIMIT``, into a file."""
+    try:
+        data = _decompressed(path, IN_MEMORY_LIMIT)
+    except Exception as exc:
+        raise _missing(path, exc) from exc
+    if data is None:
+        with _opened_checked(path) as (conn, _):
+            yield conn
+        return
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.deserialize(data)
+        yield conn
+    finally:
+        conn.close()
 
 
 def _missing(path: Path, exc: Exception) -> StoreError:

@@ -18,7 +18,9 @@ from gpuledger.cli import main
 from gpuledger.inspect import audit_view, print_events, replay_state
 from libs.bus.server import NatsServer
 from libs.config import Settings
+from libs.events.codec import StoredEvent
 from libs.events.schema import InventoryRecorded
+from libs.ledger.holdings import audit_replay
 from libs.ledger.timeline import gpu_history, pod_history
 from libs.store import EventLog, create_schema
 from libs.store import compact as compact_module
@@ -27,7 +29,7 @@ from libs.store.replay import iter_rows, open_reader
 from libs.store.rows import COLUMNS, GENESIS_HASH, row_to_stored
 from libs.store.verify import verify_log
 from services.allocator import app as allocator_app
-from tests.builders.format1 import write_format1_log
+from tests.builders.format1 import FIXTURE, write_format1_log
 from tests.polling import eventually
 
 EVENTS = 3_000
@@ -175,6 +177,41 @@ def test_replay_at_a_time_inside_an_archive_equals_the_replay_before_archiving(l
         assert audit_view(path, seq=seq).seq == seq
     assert pod_history(path, "job-10") == pod_history(copy, "job-10")
     assert gpu_history(path, "3") == gpu_history(copy, "3")
+
+
+def test_the_audit_replay_reads_each_segment_apart_and_sees_what_a_merged_reading_sees(
+    logs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The audit replay scans the history once, so it reads the segments one by one instead of merging
+    # them (open_reader(merged=False)): every holder's event id (looked up in the segment holding its
+    # grant), every time inside a segment and between two, the same view as the unarchived copy's.
+    path, copy = logs
+    archive_prefix(path, 1_000)
+    archive_prefix(path, 2_000)
+    merged = []
+    monkeypatch.setattr(replay_module, "materialize", lambda *a: merged.append(a) or pytest.fail("merged"))
+    for seq in (1, 999, 1_000, 1_001, 2_000, 2_500, EVENTS):
+        assert audit_view(path, seq=seq) == audit_view(copy, seq=seq)
+        at = START_NS + seq * 1_000_000 + 500_000  # between two events
+        assert audit_view(path, at=at) == audit_view(copy, at=at)
+    assert audit_view(path, at=START_NS) == audit_view(copy, at=START_NS)  # before the first event
+    assert not merged
+
+
+def test_rows_the_audit_replay_decodes_in_full_come_from_their_segment(tmp_path: Path) -> None:
+    # The release 0.1 fixture: older body versions and a refusal (a type without a view), which the
+    # audit replay decodes in full, by seq. Once archived, those rows are only in the segment.
+    path = tmp_path / "ledger.sqlite"
+    shutil.copyfile(FIXTURE, path)
+    create_schema(path)
+    before = [audit_replay(path, upto_seq=seq) for seq in range(1, 7)]
+    others_before: list[StoredEvent] = []
+    audit_replay(path, on_other=others_before.append)
+    assert archive_prefix(path, 5) is not None and _live(path) == (6, 6)
+    assert [audit_replay(path, upto_seq=seq) for seq in range(1, 7)] == before
+    others: list[StoredEvent] = []
+    audit_replay(path, on_other=others.append)
+    assert [type(o.event).__name__ for o in others] == ["AllocationRefused"] and others == others_before
 
 
 def test_events_since_a_seq_prints_the_same_lines(logs: tuple[Path, Path], tmp_path: Path) -> None:
