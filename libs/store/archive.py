@@ -485,8 +485,9 @@ def _opened(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
 
 
 def segment_rows(path: Path) -> Iterator[tuple[tuple[object, ...], tuple[object, ...]]]:
-    """(segment header row, each event row with its hash) of one segment file, for verify."""
-    with _opened(path) as (conn, _):
+    """(segment header row, each event row with its hash) of one segment file, for verify (which names
+    the file itself when it cannot be read)."""
+    with _in_memory(path, checked=False) as conn:
         header = conn.execute("SELECT first_seq, last_seq, prev_hash, last_hash FROM segment").fetchone()
         cur = conn.execute(f"SELECT {ROW_COLUMNS} FROM events ORDER BY seq")
         while rows := cur.fetchmany(1_000):
@@ -593,15 +594,18 @@ class SegmentFiles:
 
 
 @contextlib.contextmanager
-def _in_memory(path: Path) -> Iterator[sqlite3.Connection]:
+def _in_memory(path: Path, *, checked: bool = True) -> Iterator[sqlite3.Connection]:
     """One segment open for reading, decompressed into memory: no temporary file written and read
-    back (a third of a scan's time over the archive). Above ``IN_MEMORY_LIMIT``, into a file."""
+    back (a third of a scan's time over the archive). Above ``IN_MEMORY_LIMIT``, into a file.
+    ``checked``: a file that cannot be read is a StoreError that names it and says what to do."""
     try:
         data = _decompressed(path, IN_MEMORY_LIMIT)
     except Exception as exc:
+        if not checked:
+            raise
         raise _missing(path, exc) from exc
     if data is None:
-        with _opened_checked(path) as (conn, _):
+        with _opened_checked(path) if checked else _opened(path) as (conn, _):
             yield conn
         return
     conn = sqlite3.connect(":memory:", isolation_level=None)

@@ -33,7 +33,8 @@ from tests.builders.format1 import FIXTURE, write_format1_log
 from tests.polling import eventually
 
 EVENTS = 3_000
-replay_module = importlib.import_module("libs.store.replay")  # the module (the package exports a function so named)
+replay_module = importlib.import_module("libs.store.replay")
+archive_module = importlib.import_module("libs.store.archive")  # the module (the package exports a function so named)
 
 
 def _rows(path: Path) -> list[tuple[object, ...]]:
@@ -179,8 +180,9 @@ def test_replay_at_a_time_inside_an_archive_equals_the_replay_before_archiving(l
     assert gpu_history(path, "3") == gpu_history(copy, "3")
 
 
+@pytest.mark.parametrize("in_memory", [True, False], ids=["in-memory", "segment-over-the-memory-limit"])
 def test_the_audit_replay_reads_each_segment_apart_and_sees_what_a_merged_reading_sees(
-    logs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+    logs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, in_memory: bool
 ) -> None:
     # The audit replay scans the history once, so it reads the segments one by one instead of merging
     # them (open_reader(merged=False)): every holder's event id (looked up in the segment holding its
@@ -188,6 +190,8 @@ def test_the_audit_replay_reads_each_segment_apart_and_sees_what_a_merged_readin
     path, copy = logs
     archive_prefix(path, 1_000)
     archive_prefix(path, 2_000)
+    if not in_memory:  # a segment too big for memory is decompressed into a temporary file instead
+        monkeypatch.setattr(archive_module, "IN_MEMORY_LIMIT", 1_000)
     merged = []
     monkeypatch.setattr(replay_module, "materialize", lambda *a: merged.append(a) or pytest.fail("merged"))
     for seq in (1, 999, 1_000, 1_001, 2_000, 2_500, EVENTS):
