@@ -533,10 +533,10 @@ class SegmentFiles:
     """The archived part of the history read segment by segment, never merged into one file: a scan
     decompresses each segment in turn, a lookup by seq only the segments that hold it. For a reader
     that scans the whole history once (the audit replay), merging (``materialize``) copies every
-    archived row a second time and costs more than the scan itself.
+    archived row a second time and costs about as much as the scan itself.
 
-    A segment is open only while it is read (its temporary file unlinked after); the last one opened
-    for lookups stays open until the next or ``close``, since lookups come grouped by segment.
+    A segment is open only while it is read (in memory: ``_in_memory``); the last one opened for
+    lookups stays open until the next or ``close``, since lookups come grouped by segment.
     """
 
     def __init__(self, log_path: Path, segments: list[Segment]) -> None:
@@ -596,7 +596,7 @@ class SegmentFiles:
 @contextlib.contextmanager
 def _in_memory(path: Path, *, checked: bool = True) -> Iterator[sqlite3.Connection]:
     """One segment open for reading, decompressed into memory: no temporary file written and read
-    back (a third of a scan's time over the archive). Above ``IN_MEMORY_LIMIT``, into a file.
+    back (about a tenth of a scan over the archive). Above ``IN_MEMORY_LIMIT``, into a file.
     ``checked``: a file that cannot be read is a StoreError that names it and says what to do."""
     try:
         data = _decompressed(path, IN_MEMORY_LIMIT)
