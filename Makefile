@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 
 .PHONY: demo test protos bench lock clean
 
-# make bench runs every benchmark: 11 to 19 minutes on a 2-vCPU machine, depending on the machine's
-# day (docs/benchmarks.md, sixth, eighteenth and nineteenth rounds). The fleet benchmark runs its 50
+# make bench runs every benchmark: 10 to 16 minutes on a 2-vCPU machine, depending on the machine
+# (docs/benchmarks.md, thirty-second and thirty-third rounds). The fleet benchmark runs its 50
 # leaf brokers with 2,000 events each there; `make bench FLEET_EVENTS=10000` is its full size (500,000 events,
 # about 7 more minutes). `bench.replay --formats 1,2` adds the old log format's figures.
 FLEET_EVENTS ?= 2000
