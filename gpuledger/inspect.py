@@ -92,9 +92,10 @@ def last_seq(path: Path) -> int:
 
     from libs.store.replay import unreadable
 
-    conn = open_reader(path)
+    conn = open_reader(path, merged=False)  # the last seq is the live log's: no segment is read
     try:
-        return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
+        return max(int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]),
+                   getattr(conn, "archived", 0))
     except sqlite3.DatabaseError as exc:
         raise unreadable(path, exc) from exc
     finally:

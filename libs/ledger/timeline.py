@@ -117,7 +117,7 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
     live: dict[str, tuple[str, str, int]] = {}  # alloc_id -> (namespace, pod_name, cores) of every live grant
     out: list[Entry] = []
     in_row: list[Entry] = []  # grant entries whose request id is the row's command_id
-    conn = open_reader(path)
+    conn = open_reader(path, merged=False)  # one scan of the history: its segments are read one by one
     try:
         for seq, at, packed in iter_views(conn):
             view = plain(packed)  # text ids and GpuShare, whatever the body version
@@ -166,7 +166,7 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
     on_gpu: dict[str, GrantView] = {}
     out: list[Entry] = []
     in_row: list[Entry] = []  # grant entries whose request id is the row's command_id
-    conn = open_reader(path)
+    conn = open_reader(path, merged=False)  # one scan of the history: its segments are read one by one
     try:
         for seq, at, packed in iter_views(conn):
             view = plain(packed)  # text ids and GpuShare, whatever the body version

@@ -21,6 +21,7 @@ without its per-row join), each in seq order, in the same read transaction.
 
 from __future__ import annotations
 
+import bisect
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -221,17 +222,23 @@ def by_seq(conn: sqlite3.Connection, columns: str, seqs: Sequence[int]) -> dict[
     out: dict[int, tuple[Any, ...]] = {}
     segments = getattr(conn, "segments", None)
     if segments is not None:  # the archived seqs from their segments, one segment open at a time
-        for seq in sorted(s for s in seqs if s <= segments.last_seq):
-            held = segments.holding(seq)
-            row = held and held.execute(f"SELECT {columns} FROM events WHERE seq = ?", (seq,)).fetchone()
-            if row is not None:
-                out[seq] = tuple(row)
+        archived = sorted(s for s in seqs if s <= segments.last_seq)
+        for seg in segments.segments:
+            part = archived[bisect.bisect_left(archived, seg.first_seq):bisect.bisect_right(archived, seg.last_seq)]
+            held = segments.holding(seg.first_seq) if part else None
+            if held is not None:
+                _select_by_seq(held, columns, part, out)
         seqs = [s for s in seqs if s > segments.last_seq]
+    _select_by_seq(conn, columns, seqs, out)
+    return out
+
+
+def _select_by_seq(conn: sqlite3.Connection, columns: str, seqs: Sequence[int], out: dict[int, tuple[Any, ...]]
+                   ) -> None:
     for start in range(0, len(seqs), 500):
         part = seqs[start:start + 500]
         sql = f"SELECT seq, {columns} FROM events WHERE seq IN ({','.join('?' * len(part))})"
         out.update((row[0], row[1:]) for row in conn.execute(sql, part))
-    return out
 
 
 def stored_at(conn: sqlite3.Connection, seq: int) -> StoredEvent | None:

@@ -58,7 +58,7 @@ class InclusionProof(msgspec.Struct, kw_only=True):
 
 def log_leaves(path: Path, upto: int | None = None) -> list[bytes]:
     """The leaf hash of every row (seq order), up to ``upto``; stops at the first hole in seq."""
-    conn = open_reader(path)
+    conn = open_reader(path, merged=False)  # one scan: the segments are read one by one
     try:
         leaves = []
         for row in iter_rows(conn, COLUMNS, upto_seq=upto):

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from bench.make_log import START_NS, synthetic, write_log
 from gpuledger.cli import main
-from gpuledger.inspect import audit_view, print_events, replay_state
+from gpuledger.inspect import audit_view, last_seq, print_events, replay_state
 from libs.bus.server import NatsServer
 from libs.config import Settings
 from libs.events.codec import StoredEvent
@@ -28,6 +28,7 @@ from libs.store.archive import InjectedCrash, archive_dir, archive_prefix, catal
 from libs.store.replay import iter_rows, open_reader
 from libs.store.rows import COLUMNS, GENESIS_HASH, row_to_stored
 from libs.store.verify import verify_log
+from libs.witness.audit import log_leaves
 from services.allocator import app as allocator_app
 from tests.builders.format1 import FIXTURE, write_format1_log
 from tests.polling import eventually
@@ -199,6 +200,12 @@ def test_the_audit_replay_reads_each_segment_apart_and_sees_what_a_merged_readin
         at = START_NS + seq * 1_000_000 + 500_000  # between two events
         assert audit_view(path, at=at) == audit_view(copy, at=at)
     assert audit_view(path, at=START_NS) == audit_view(copy, at=START_NS)  # before the first event
+    # The other readers that scan the history once read it the same way: history, the witness's leaves,
+    # and the last seq (`events --since`, `replay --seq` check it), which needs no segment at all.
+    assert pod_history(path, "job-10") == pod_history(copy, "job-10")
+    assert gpu_history(path, "3") == gpu_history(copy, "3")
+    assert log_leaves(path) == log_leaves(copy)
+    assert last_seq(path) == last_seq(copy) == EVENTS
     assert not merged
 
 
