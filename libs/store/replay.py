@@ -10,8 +10,8 @@ temporary file, attached read-only and already unlinked) followed by the live lo
 ``events`` (scans in seq order, lookups by seq, by time) sees the whole history; likewise ``meta`` spans
 the live log's and the segments' (where the response settings of compact grants are recorded). A reader that only
 needs seqs from ``from_seq`` on (a snapshot's tail) decompresses only the segments that reach it, and
-none when the live log holds them all. A reader that scans the whole history once (the audit replay) asks for
-the segments unmerged (``merged=False``): they are then read one at a time (``SegmentFiles``), by this
+none when the live log holds them all. A reader that scans the whole history once (the audit replay, history)
+asks for the segments unmerged (``merged=False``): they are then read one at a time (``SegmentFiles``), by this
 module's scans and lookups, and ``events`` is the live log's part alone.
 
 The scans (``iter_rows``) do not go through those views: they read the attached segments' table, then
