@@ -31,6 +31,8 @@ from libs.ledger.views import (
     request_id_in_row,
     view_tag,
 )
+from libs.store.compact import PackedShare, share_of
+from libs.store.packed import hex_text, uuid_text
 from libs.store.replay import by_seq, open_reader
 
 __all__ = ["NOT_IN_INVENTORY", "Entry", "gpu_history", "pod_history"]
@@ -119,30 +121,36 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
     in_row: list[Entry] = []  # grant entries whose request id is the row's command_id
     conn = open_reader(path, merged=False)  # one scan of the history: its segments are read one by one
     try:
-        for seq, at, packed in iter_views(conn):
-            view = plain(packed)  # text ids and GpuShare, whatever the body version
+        # Only what a pod is matched on is spelled out for every event (ids as text, whatever the body
+        # version); the whole view (``plain``) only for the pod's own events: most of a scan's time else.
+        for seq, at, view in iter_views(conn):
             if isinstance(view, GrantView):
-                live[view.alloc_id] = (view.namespace, view.pod_name, view.cores)
-                if named(view.pod_uid, view.namespace, view.pod_name):
-                    uids.add(view.pod_uid)
-                    out.append(entry := _grant_entry(seq, at, view))
-                    if request_id_in_row(packed):
+                live[_id(view.alloc_id)] = (view.namespace, view.pod_name, view.cores)
+                if named(_uid(view.pod_uid), view.namespace, view.pod_name):
+                    grant = plain(view)
+                    uids.add(grant.pod_uid)
+                    out.append(entry := _grant_entry(seq, at, grant))
+                    if request_id_in_row(view):
                         in_row.append(entry)
             elif isinstance(view, ReleaseView):
-                owner = live.pop(view.alloc_id, ("", "", 0))
-                if view.pod_uid in uids:
-                    out.append(Entry(seq=seq, recorded_at=at, type=_release_type(view), pod_uid=view.pod_uid,
-                                     namespace=owner[0], pod_name=owner[1], container=view.container,
-                                     alloc_id=view.alloc_id, detail=view.reason))
+                owner = live.pop(_id(view.alloc_id), ("", "", 0))
+                if _uid(view.pod_uid) in uids:
+                    release = plain(view)
+                    out.append(Entry(seq=seq, recorded_at=at, type=_release_type(release), pod_uid=release.pod_uid,
+                                     namespace=owner[0], pod_name=owner[1], container=release.container,
+                                     alloc_id=release.alloc_id, detail=release.reason))
             elif isinstance(view, CorrectionView):
-                cores = live[view.alloc_id][2] if view.alloc_id in live else 0
-                if view.alloc_id in live:
-                    live[view.alloc_id] = (view.namespace, view.pod_name, cores)
-                if named(view.pod_uid, view.namespace, view.pod_name):
-                    uids.add(view.pod_uid)
-                    out.append(_correction_entry(seq, at, view, cores, view.shares))
-                elif view.previous_pod_uid in uids:
-                    out.append(_correction_entry(seq, at, view, cores, view.shares))
+                alloc_id = _id(view.alloc_id)
+                cores = live[alloc_id][2] if alloc_id in live else 0
+                if alloc_id in live:
+                    live[alloc_id] = (view.namespace, view.pod_name, cores)
+                if named(_uid(view.pod_uid), view.namespace, view.pod_name):
+                    moved = plain(view)
+                    uids.add(moved.pod_uid)
+                    out.append(_correction_entry(seq, at, moved, cores, moved.shares))
+                elif _uid(view.previous_pod_uid) in uids:
+                    moved = plain(view)
+                    out.append(_correction_entry(seq, at, moved, cores, moved.shares))
             elif isinstance(view, StoredEvent):
                 ev = view.event
                 uid = getattr(ev, "pod_uid", "")
@@ -157,6 +165,21 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
     return out
 
 
+def _id(raw: str | bytes) -> str:
+    """An alloc id as text, whatever the body version (as ``plain`` spells it)."""
+    return hex_text(raw) if type(raw) is bytes else raw
+
+
+def _uid(raw: str | bytes) -> str:
+    """A pod UID as text, whatever the body version (as ``plain`` spells it)."""
+    return uuid_text(raw) if type(raw) is bytes else raw
+
+
+def _shares(view: GrantView | CorrectionView) -> tuple[GpuShare, ...]:
+    """The view's shares as ``GpuShare`` (a version 4 body packs each GPU's UUID)."""
+    return tuple(share_of(s) if type(s) is PackedShare else s for s in view.shares)
+
+
 def _names_gpu(gpu: str, index: int, uuid: str) -> bool:
     return gpu == uuid or (gpu.isdigit() and int(gpu) == index)
 
@@ -168,18 +191,28 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
     in_row: list[Entry] = []  # grant entries whose request id is the row's command_id
     conn = open_reader(path, merged=False)  # one scan of the history: its segments are read one by one
     try:
+        def concerns(ev: ReleaseView | CorrectionView) -> bool:
+            """Whether it ends or moves a grant on the GPU, or (a correction) moves one onto it."""
+            return _id(ev.alloc_id) in on_gpu or (
+                isinstance(ev, CorrectionView) and any(_names_gpu(gpu, s.index, s.uuid) for s in _shares(ev)))
+
+        # As in pod_history: the whole view spelled out (``plain``) only for the GPU's own events.
         for seq, at, packed in iter_views(conn):
-            view = plain(packed)  # text ids and GpuShare, whatever the body version
-            if isinstance(view, GrantView):
-                mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
-                if mine:
+            if isinstance(packed, GrantView):
+                if any(_names_gpu(gpu, s.index, s.uuid) for s in _shares(packed)):
+                    view = plain(packed)
+                    mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
                     on_gpu[view.alloc_id] = view
                     entry = _grant_entry(seq, at, view)
                     entry.shares = mine
                     out.append(entry)
                     if request_id_in_row(packed):
                         in_row.append(entry)
-            elif isinstance(view, ReleaseView):
+                continue
+            if isinstance(packed, ReleaseView | CorrectionView) and not concerns(packed):
+                continue
+            view = plain(packed)
+            if isinstance(view, ReleaseView):
                 g = on_gpu.pop(view.alloc_id, None)
                 if g is not None:
                     shares = tuple(s for s in g.shares if _names_gpu(gpu, s.index, s.uuid))

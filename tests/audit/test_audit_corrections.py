@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bench.make_log import START_NS
@@ -31,6 +32,7 @@ from libs.events.schema import (
     GpuShare,
     InventoryRecorded,
 )
+from libs.ledger import timeline, views
 from libs.ledger.holdings import AuditFold, audit_replay, grant_device_ids
 from libs.ledger.state import LedgerState
 from libs.ledger.timeline import gpu_history, pod_history
@@ -187,6 +189,33 @@ def test_a_log_written_across_the_upgrade_to_body_version_4_folds_the_same(tmp_p
     assert versions == {COMPACT_V3, COMPACT_V}
     for seq in range(140, last + 1, 2):
         assert _audit(audit_replay(path, upto_seq=seq)) == _full(path, seq), f"seed {seed}, seq {seq}"
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_history_spells_out_only_the_events_it_shows_and_shows_the_same(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """History matches each event on its ids spelled out one by one and spells out the whole view only
+    for the events it shows; with every view spelled out first (as it did before), every pod's and
+    every GPU's timeline is the same, on a log written across the upgrade to body version 4. (The
+    request ids a version 4 grant leaves to its row are only read for a view as decoded: left out.)"""
+    path = tmp_path / "ledger.sqlite"
+    write_log(path, random_log(300, seed), upgrade_at=150)
+    conn = open_reader(path)
+    pods = sorted({ev.event.pod_uid for ev in iter_events(conn) if isinstance(ev.event, AllocationGranted)})
+    conn.close()
+    gpus = ["0", "1", "2", "3", "GPU-0000", "GPU-0001", "GPU-0003"]
+
+    def timelines() -> list[list[object]]:
+        found = [pod_history(path, p) for p in pods] + [gpu_history(path, g) for g in gpus]
+        return [[msgspec.structs.replace(e, request_id="") for e in entries] for entries in found]
+
+    lazy = timelines()
+    assert sum(len(t) for t in lazy) > len(pods) * 2 and any(lazy[len(pods):])
+    spelled = views.iter_views
+    monkeypatch.setattr(timeline, "iter_views",
+                        lambda conn, **kw: ((s, at, views.plain(v)) for s, at, v in spelled(conn, **kw)))
+    assert timelines() == lazy
 
 
 def test_the_full_decode_path_folds_the_same(tmp_path: Path) -> None:
