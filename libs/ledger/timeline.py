@@ -122,7 +122,8 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
     conn = open_reader(path, merged=False)  # one scan of the history: its segments are read one by one
     try:
         # Only what a pod is matched on is spelled out for every event (ids as text, whatever the body
-        # version); the whole view (``plain``) only for the pod's own events: most of a scan's time else.
+        # version); the whole view (``plain``) only for the pod's own events. Spelling out every view
+        # was most of a scan's time.
         for seq, at, view in iter_views(conn):
             if isinstance(view, GrantView):
                 live[_id(view.alloc_id)] = (view.namespace, view.pod_name, view.cores)
