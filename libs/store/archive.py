@@ -167,8 +167,9 @@ def _compress(src: Path, dst: Path) -> bytes:
     return digest.digest()
 
 
-def _decompressed(src: Path, limit: int) -> bytes | None:
-    """The decompressed segment, or None when it is larger than ``limit`` bytes."""
+def _decompressed(src: Path, limit: int) -> bytearray | None:
+    """The decompressed segment, or None when it is larger than ``limit`` bytes (handed to SQLite as
+    it is: a copy into ``bytes`` would be a second pass over every archived byte)."""
     import zstandard
 
     out = bytearray()
@@ -177,7 +178,7 @@ def _decompressed(src: Path, limit: int) -> bytes | None:
             out += block
             if len(out) > limit:
                 return None
-    return bytes(out)
+    return out
 
 
 def _decompress(src: Path, dst: Path) -> None:
@@ -560,11 +561,13 @@ class SegmentFiles:
                     yield rows
 
     def holding(self, seq: int) -> sqlite3.Connection | None:
-        """A connection on the segment holding ``seq`` (None: no segment does), open until the next
-        segment is asked for or ``close``: its ``events`` and ``meta`` are that segment's."""
+        """A connection on the segment holding ``seq`` (None: no segment does): see ``open``."""
         seg = next((s for s in self.segments if s.first_seq <= seq <= s.last_seq), None)
-        if seg is None:
-            return None
+        return None if seg is None else self.open(seg)
+
+    def open(self, seg: Segment) -> sqlite3.Connection:
+        """A connection on ``seg``, open until another segment is asked for or ``close``: its ``events``
+        and ``meta`` are that segment's."""
         if self._kept is not None and self._kept[0] is seg:
             return self._kept[2]
         self.close()
@@ -582,9 +585,7 @@ class SegmentFiles:
         seg = before[-1]
         if seg.last_at <= time_ns:
             return seg.last_seq
-        conn = self.holding(seg.first_seq)
-        assert conn is not None
-        row = conn.execute("SELECT MAX(seq) FROM events WHERE recorded_at <= ?", (time_ns,)).fetchone()
+        row = self.open(seg).execute("SELECT MAX(seq) FROM events WHERE recorded_at <= ?", (time_ns,)).fetchone()
         return int(row[0])
 
     def close(self) -> None:

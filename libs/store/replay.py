@@ -225,9 +225,8 @@ def by_seq(conn: sqlite3.Connection, columns: str, seqs: Sequence[int]) -> dict[
         archived = sorted(s for s in seqs if s <= segments.last_seq)
         for seg in segments.segments:
             part = archived[bisect.bisect_left(archived, seg.first_seq):bisect.bisect_right(archived, seg.last_seq)]
-            held = segments.holding(seg.first_seq) if part else None
-            if held is not None:
-                _select_by_seq(held, columns, part, out)
+            if part:
+                _select_by_seq(segments.open(seg), columns, part, out)
         seqs = [s for s in seqs if s > segments.last_seq]
     _select_by_seq(conn, columns, seqs, out)
     return out
