@@ -26,13 +26,14 @@ from libs.ledger.views import (
     ImportView,
     InventoryView,
     ReleaseView,
+    id_text,
     iter_views,
     plain,
     request_id_in_row,
+    uid_text,
     view_tag,
 )
-from libs.store.compact import PackedShare, share_of
-from libs.store.packed import hex_text, uuid_text
+from libs.store.packed import pack_gpu
 from libs.store.replay import by_seq, open_reader
 
 __all__ = ["NOT_IN_INVENTORY", "Entry", "gpu_history", "pod_history"]
@@ -126,30 +127,30 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
         # was most of a scan's time.
         for seq, at, view in iter_views(conn):
             if isinstance(view, GrantView):
-                live[_id(view.alloc_id)] = (view.namespace, view.pod_name, view.cores)
-                if named(_uid(view.pod_uid), view.namespace, view.pod_name):
+                live[id_text(view.alloc_id)] = (view.namespace, view.pod_name, view.cores)
+                if named(uid_text(view.pod_uid), view.namespace, view.pod_name):
                     grant = plain(view)
                     uids.add(grant.pod_uid)
                     out.append(entry := _grant_entry(seq, at, grant))
                     if request_id_in_row(view):
                         in_row.append(entry)
             elif isinstance(view, ReleaseView):
-                owner = live.pop(_id(view.alloc_id), ("", "", 0))
-                if _uid(view.pod_uid) in uids:
+                owner = live.pop(id_text(view.alloc_id), ("", "", 0))
+                if uid_text(view.pod_uid) in uids:
                     release = plain(view)
                     out.append(Entry(seq=seq, recorded_at=at, type=_release_type(release), pod_uid=release.pod_uid,
                                      namespace=owner[0], pod_name=owner[1], container=release.container,
                                      alloc_id=release.alloc_id, detail=release.reason))
             elif isinstance(view, CorrectionView):
-                alloc_id = _id(view.alloc_id)
+                alloc_id = id_text(view.alloc_id)
                 cores = live[alloc_id][2] if alloc_id in live else 0
                 if alloc_id in live:
                     live[alloc_id] = (view.namespace, view.pod_name, cores)
-                if named(_uid(view.pod_uid), view.namespace, view.pod_name):
+                if named(uid_text(view.pod_uid), view.namespace, view.pod_name):
                     moved = plain(view)
                     uids.add(moved.pod_uid)
                     out.append(_correction_entry(seq, at, moved, cores, moved.shares))
-                elif _uid(view.previous_pod_uid) in uids:
+                elif uid_text(view.previous_pod_uid) in uids:
                     moved = plain(view)
                     out.append(_correction_entry(seq, at, moved, cores, moved.shares))
             elif isinstance(view, StoredEvent):
@@ -166,21 +167,6 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
     return out
 
 
-def _id(raw: str | bytes) -> str:
-    """An alloc id as text, whatever the body version (as ``plain`` spells it)."""
-    return hex_text(raw) if type(raw) is bytes else raw
-
-
-def _uid(raw: str | bytes) -> str:
-    """A pod UID as text, whatever the body version (as ``plain`` spells it)."""
-    return uuid_text(raw) if type(raw) is bytes else raw
-
-
-def _shares(view: GrantView | CorrectionView) -> tuple[GpuShare, ...]:
-    """The view's shares as ``GpuShare`` (a version 4 body packs each GPU's UUID)."""
-    return tuple(share_of(s) if type(s) is PackedShare else s for s in view.shares)
-
-
 def _names_gpu(gpu: str, index: int, uuid: str) -> bool:
     return gpu == uuid or (gpu.isdigit() and int(gpu) == index)
 
@@ -190,17 +176,22 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
     on_gpu: dict[str, GrantView] = {}
     out: list[Entry] = []
     in_row: list[Entry] = []  # grant entries whose request id is the row's command_id
+    packed_uuid = pack_gpu(gpu)  # how a version 4 body stores the UUID asked for
+
+    def on_gpu_asked(shares: tuple[Any, ...]) -> bool:
+        """Whether a share is on the GPU, read as stored (a version 4 share's UUID left packed)."""
+        return any(_names_gpu(gpu, s.index, s.uuid) or s.uuid == packed_uuid for s in shares)
+
+    def concerns(ev: ReleaseView | CorrectionView) -> bool:
+        """Whether it ends or moves a grant on the GPU, or (a correction) moves one onto it."""
+        return id_text(ev.alloc_id) in on_gpu or (isinstance(ev, CorrectionView) and on_gpu_asked(ev.shares))
+
     conn = open_reader(path, merged=False)  # one scan of the history: its segments are read one by one
     try:
-        def concerns(ev: ReleaseView | CorrectionView) -> bool:
-            """Whether it ends or moves a grant on the GPU, or (a correction) moves one onto it."""
-            return _id(ev.alloc_id) in on_gpu or (
-                isinstance(ev, CorrectionView) and any(_names_gpu(gpu, s.index, s.uuid) for s in _shares(ev)))
-
         # As in pod_history: the whole view spelled out (``plain``) only for the GPU's own events.
         for seq, at, packed in iter_views(conn):
             if isinstance(packed, GrantView):
-                if any(_names_gpu(gpu, s.index, s.uuid) for s in _shares(packed)):
+                if on_gpu_asked(packed.shares):
                     view = plain(packed)
                     mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
                     on_gpu[view.alloc_id] = view
@@ -221,11 +212,9 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                                      namespace=g.namespace, pod_name=g.pod_name, container=g.container,
                                      alloc_id=g.alloc_id, cores=sum(s.cores for s in shares),
                                      memory=sum(s.memory for s in shares), shares=shares, detail=view.reason))
-            elif isinstance(view, CorrectionView):
+            elif isinstance(view, CorrectionView):  # one that ``concerns`` the GPU
                 before = on_gpu.get(view.alloc_id)
                 mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
-                if before is None and not mine:
-                    continue
                 if before is not None:
                     cores = before.cores
                     on_gpu.pop(view.alloc_id)

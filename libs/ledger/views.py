@@ -49,9 +49,11 @@ __all__ = [
     "InventoryView",
     "ReleaseView",
     "View",
+    "id_text",
     "iter_views",
     "plain",
     "request_id_in_row",
+    "uid_text",
     "view_of",
     "view_tag",
 ]
@@ -210,6 +212,16 @@ VIEWS_4: dict[str, type[msgspec.Struct]] = {"alloc.granted": _GrantView4, "alloc
                                             "alloc.corrected": _CorrectionView4, "alloc.released": _ReleaseView4}
 _BASES = {cls: cls.__mro__[1] for cls in VIEWS_4.values()}
 _SPELL = {"alloc_id": hex_text, "request_id": hex_text, "pod_uid": uuid_text, "previous_pod_uid": uuid_text}
+
+
+def id_text(raw: str | bytes) -> str:
+    """An alloc or request id as text, whatever the body version (as ``plain`` spells it)."""
+    return hex_text(raw) if type(raw) is bytes else raw
+
+
+def uid_text(raw: str | bytes) -> str:
+    """A pod UID as text, whatever the body version (as ``plain`` spells it)."""
+    return uuid_text(raw) if type(raw) is bytes else raw
 
 
 def plain(view: T) -> T:
