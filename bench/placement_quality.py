@@ -222,26 +222,23 @@ def arrivals_before_capacity_runs_out(ops: list[Request | str], gpus: int, memor
     live: dict[str, Request] = {}
     stop = len(ops)
     for j, op in enumerate(ops):
-        if isinstance(op, str):
-            gone = live.pop(op, None)
-            if gone is not None:
-                whole, share_cores, share_memory = _held(whole, share_cores, share_memory, gone, -1)
+        req, sign = (live.pop(op, None), -1) if isinstance(op, str) else (op, 1)
+        if req is None:  # a departure of a pod that never came
             continue
-        live[op.pod] = op
-        whole, share_cores, share_memory = _held(whole, share_cores, share_memory, op, 1)
-        if whole + max(-(-share_cores // 100), -(-share_memory // memory)) > gpus:
-            stop = j
-            break
+        if req.cores >= 100:
+            whole += sign * (req.cores // 100)
+        else:
+            share_cores += sign * req.cores
+            share_memory += sign * req.blocks * MEMORY_BLOCK
+        if sign > 0:
+            live[req.pod] = req
+            if whole + max(-(-share_cores // 100), -(-share_memory // memory)) > gpus:
+                stop = j
+                break
     counts = [0] * (len(ops) + 1)
     for i in range(len(ops) - 1, -1, -1):
         counts[i] = counts[i + 1] + (i < stop and isinstance(ops[i], Request))
     return counts
-
-
-def _held(whole: int, cores: int, memory: int, req: Request, sign: int) -> tuple[int, int, int]:
-    if req.cores >= 100:
-        return whole + sign * (req.cores // 100), cores, memory
-    return whole, cores + sign * req.cores, memory + sign * req.blocks * MEMORY_BLOCK
 
 
 def utilisation_after(inv: Inventory, ops: list[Request | str], placed: int) -> float:
