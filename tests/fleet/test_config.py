@@ -7,13 +7,16 @@ import json
 from pathlib import Path
 
 import msgspec
+import nats
 import pytest
 
 from gpuledger.launcher import _leaf_config
+from libs.bus.server import NatsServer, is_fatal
 from libs.config import Settings
 from libs.errors import GpuledgerError
 from libs.fleet.credentials import load_credentials, with_credentials
 from libs.fleet.natsconf import leaf_config
+from tests.fleet.helpers import free_ports
 
 
 def test_no_fleet_url_keeps_a_lone_broker(tmp_path: Path) -> None:
@@ -45,3 +48,24 @@ def test_client_urls_carry_the_credentials(tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text("user: recorder\npassword: s3cret\n")
     creds = load_credentials(tmp_path / "c.yaml")
     assert with_credentials("nats://a:4222,nats://b", creds) == "nats://recorder:s3cret@a:4222,nats://recorder:s3cret@b:4222"
+
+
+def test_a_refused_hub_link_is_not_a_failed_start() -> None:
+    # Seen in CI: a node's broker restarted while its fleet link was cut logged this before it was ready.
+    refused = ('[15362] 2026/12/02 13:13:33.056688 [ERR] Error trying to connect as leafnode to remote server '
+               '"127.0.0.1:45781" (attempt 1): dial tcp 127.0.0.1:45781: connect: connection refused')
+    assert not is_fatal(refused)
+    assert is_fatal("[1] 2026/12/02 13:13:33.0 [ERR] Error listening on port: 127.0.0.1:4222, \"address in use\"")
+    assert is_fatal("[1] 2026/12/02 13:13:33.0 [FTL] Error trying to connect as leafnode: bad config")
+
+
+async def test_a_node_broker_starts_with_its_hub_out_of_reach(short_dir: Path) -> None:
+    [closed] = free_ports(1)  # nothing listens there
+    server = NatsServer(short_dir / "store", config=leaf_config(
+        "n", short_dir / "store", remote_urls=[f"nats://127.0.0.1:{closed}"], user="u", password="p"))
+    try:
+        url = await server.start(timeout=15)
+        bus = await nats.connect(url, connect_timeout=5)
+        await bus.close()
+    finally:
+        await server.stop()
