@@ -158,6 +158,6 @@ def leaf_config(
         "host": host,
         "port": port,  # -1: any free port (the server logs which)
         "jetstream": {"store_dir": str(store_dir), "domain": node_domain(node)},
-        "leafnodes": {"reconnect": 1, "remotes": [{"urls": urls}]},
+        "leafnodes": {"reconnect": "1s", "remotes": [{"urls": urls}]},
     }
     return json.dumps(conf, indent=2)
