@@ -1,5 +1,5 @@
 """The fleet setting: one URL plus a credentials file makes the embedded broker a leaf node; none
-changes nothing; bad input gets a clear error."""
+changes nothing; bad input gets a clear error; a leaf broker starts with its hub out of reach."""
 
 from __future__ import annotations
 
