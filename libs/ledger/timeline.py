@@ -143,15 +143,15 @@ def pod_history(path: Path, pod: str) -> list[Entry]:
                                      alloc_id=release.alloc_id, detail=release.reason))
             elif isinstance(view, CorrectionView):
                 alloc_id = id_text(view.alloc_id)
-                cores = live[alloc_id][2] if alloc_id in live else 0
-                if alloc_id in live:
+                held = live.get(alloc_id)
+                cores = held[2] if held else 0
+                if held:
                     live[alloc_id] = (view.namespace, view.pod_name, cores)
-                if named(uid_text(view.pod_uid), view.namespace, view.pod_name):
+                onto = named(uid_text(view.pod_uid), view.namespace, view.pod_name)
+                if onto or uid_text(view.previous_pod_uid) in uids:
                     moved = plain(view)
-                    uids.add(moved.pod_uid)
-                    out.append(_correction_entry(seq, at, moved, cores, moved.shares))
-                elif uid_text(view.previous_pod_uid) in uids:
-                    moved = plain(view)
+                    if onto:
+                        uids.add(moved.pod_uid)
                     out.append(_correction_entry(seq, at, moved, cores, moved.shares))
             elif isinstance(view, StoredEvent):
                 ev = view.event
@@ -213,13 +213,9 @@ def gpu_history(path: Path, gpu: str) -> list[Entry]:
                                      alloc_id=g.alloc_id, cores=sum(s.cores for s in shares),
                                      memory=sum(s.memory for s in shares), shares=shares, detail=view.reason))
             elif isinstance(view, CorrectionView):  # one that ``concerns`` the GPU
-                before = on_gpu.get(view.alloc_id)
+                before = on_gpu.pop(view.alloc_id, None)  # put back below if it stays on the GPU
                 mine = tuple(s for s in view.shares if _names_gpu(gpu, s.index, s.uuid))
-                if before is not None:
-                    cores = before.cores
-                    on_gpu.pop(view.alloc_id)
-                else:
-                    cores = sum(s.cores for s in mine)
+                cores = before.cores if before is not None else sum(s.cores for s in mine)
                 if mine:
                     on_gpu[view.alloc_id] = GrantView(
                         alloc_id=view.alloc_id, request_id=before.request_id if before else "", pod_uid=view.pod_uid,
