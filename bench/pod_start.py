@@ -27,8 +27,8 @@ cgroup v2 the GPU container's own /proc/self/cgroup hides its ids (docs/limit-de
 Printed with the p50 overhead: its 95 % bootstrap interval over the run's pairs of pods, since one
 run's p50 moves by a few percent from run to run on a busy machine.
 
-    python -m bench.pod_start [--pods 100] [--no-floor] [--durable-floor] [--cpu] [--no-runtime-endpoint]
-                              [--json out.json]
+    python -m bench.pod_start [--pods 100] [--no-floor] [--durable-floor] [--cpu] [--cpu-steps]
+                              [--no-runtime-endpoint] [--json out.json]
 """
 
 from __future__ import annotations
@@ -127,9 +127,11 @@ async def start_one(sim: NodeSimulator, out: Path, name: str, kind: str, timeout
 
 async def run(pods: int, breakdown: bool = False, services: str = "processes",
               runtime_endpoint: bool = True, cpu: bool = False, floor: bool = True,
-              durable: bool = False) -> dict[str, Any]:
+              durable: bool = False, cpu_steps: bool = False) -> dict[str, Any]:
     trace = install() if breakdown else None
-    meter = CpuMeter() if cpu else None
+    meter = CpuMeter() if cpu or cpu_steps else None
+    if meter is not None and cpu_steps:
+        count_steps(meter)
     root = Path(tempfile.mkdtemp(prefix="glps", dir="/tmp"))
     try:
         with fake_gpus_on_host(root) as gpus:
@@ -162,7 +164,23 @@ async def run(pods: int, breakdown: bool = False, services: str = "processes",
         result["breakdown_median_ms"] = trace.table()
     if meter:
         result["cpu_mean_ms"] = meter.table()
+        if cpu_steps:
+            result["cpu_steps_mean_ms"] = meter.step_table()
     return result
+
+
+# The emulated kubelet's steps of a pod start, in their order (the names sort so), for --cpu-steps.
+# StartContainer's step holds the container's own start: the GPU pod's registration from inside.
+def count_steps(meter: CpuMeter) -> None:
+    from simulator.devicemanager import DeviceManager
+    from simulator.runtime import pods
+    from simulator.runtime.cri import CriClient
+
+    meter.wrap_step(DeviceManager, "allocate", "1 admission (Allocates)")
+    meter.wrap_step(pods.PodRuntime, "ensure_sandbox", "2 RunPodSandbox")
+    meter.wrap_step(DeviceManager, "run_container_options", "3 PreStart + options")
+    meter.wrap_step(CriClient, "create_container", "4 CreateContainer")
+    meter.wrap_step(CriClient, "start_container", "5 StartContainer")
 
 
 def paired_median_ms(a: list[float], b: list[float]) -> float:
@@ -314,6 +332,10 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true",
                         help="CPU time each process (and the whole machine) spent inside each pod's timed "
                              "window, means per kind of pod (bench/pod_start_cpu.py)")
+    parser.add_argument("--cpu-steps", action="store_true",
+                        help="--cpu, and each pod's CPU split by the step of its start it fell in (admission, "
+                             "RunPodSandbox, PreStart and options, CreateContainer, StartContainer); its reads "
+                             "take the bench's own time, so the start times of such a run are not the goal's")
     parser.add_argument("--no-floor", dest="floor", action="store_false",
                         help="leave out the third kind of pod: a GPU pod through bench/echo_gpu.py, a bare plugin "
                              "and vcuda.sock that do none of gpuledger's work (the floor of what the contract costs)")
@@ -330,7 +352,7 @@ def main() -> None:
     configure_logging("bench", fmt="console", level="warning")
     try:
         result = asyncio.run(run(args.pods, args.breakdown, args.services, args.runtime_endpoint, args.cpu,
-                                 args.floor, args.durable))
+                                 args.floor, args.durable, args.cpu_steps))
     except RuntimeBusy as exc:
         raise SystemExit(f"bench.pod_start: {exc}") from None
     for key in ("gpu", "floor", "durable", "plain"):
@@ -361,6 +383,14 @@ def main() -> None:
         print("-- CPU ms inside each pod's window (means): " + ", ".join(cpu_table["gpu"]))
         for kind in cpu_table:
             print(f"   {kind:<6} " + "  ".join(f"{v:7.2f}" for v in cpu_table[kind].values()))
+    step_table = result.get("cpu_steps_mean_ms")
+    if step_table:
+        names = next(iter(next(iter(step_table.values())).values()))
+        print("-- CPU ms inside each step of the start (means per pod; the reads slowed these starts): "
+              + ", ".join(names))
+        for kind, steps in step_table.items():
+            for step, spent in steps.items():
+                print(f"   {kind:<8} {step:<26} " + "  ".join(f"{v:7.2f}" for v in spent.values()))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

@@ -1,7 +1,9 @@
-"""bench.pod_start --cpu (bench/pod_start_cpu.py): CPU time per process inside each pod's window."""
+"""bench.pod_start --cpu (bench/pod_start_cpu.py): CPU time per process inside each pod's window, and
+inside each step of it (--cpu-steps)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -43,3 +45,48 @@ def test_a_process_that_is_gone_reads_as_nothing() -> None:
     before = machine_cpu_ns()
     spin(0.05)
     assert machine_cpu_ns() > before
+
+
+def test_a_step_is_charged_with_what_ran_inside_its_calls_while_a_window_was_open() -> None:
+    class Runtime:  # patched in place: a class of this test's own
+        async def sandbox(self, busy: float, pause: float = 0.0) -> str:
+            spin(busy)
+            await asyncio.sleep(pause)
+            return "made"
+
+        async def start(self) -> None:
+            await asyncio.sleep(0)
+
+    meter = CpuMeter()
+    meter.watch("me", os.getpid())
+    meter.wrap_step(Runtime, "sandbox", "2 sandbox")
+    meter.wrap_step(Runtime, "start", "5 start")
+    runtime = Runtime()
+
+    async def pods() -> None:
+        assert await runtime.sandbox(0.05) == "made"  # no window open: not counted anywhere
+        meter.begin()
+        await runtime.sandbox(0.06)
+        await runtime.sandbox(0.04)  # a pod's calls of one step add up
+        spin(0.05)  # inside the window, in no step
+        meter.end("gpu")
+        meter.begin()  # a GPU pod that took no step: it counts as 0 in the step's mean
+        meter.end("gpu")
+        meter.begin()
+        await runtime.start()
+        late = asyncio.ensure_future(runtime.sandbox(0.0, pause=0.05))
+        await asyncio.sleep(0.01)
+        meter.end("plain")  # the sandbox call above is still running: counted up to here
+        await late  # and no further
+
+    asyncio.run(pods())
+    first = meter.steps["gpu"][0]
+    assert list(first) == ["2 sandbox"]
+    assert 95 < first["2 sandbox"]["me"] < 140  # ms: both calls, neither the call before nor the spin after
+    assert meter.windows["gpu"][0]["me"] >= 145  # the window holds the spin outside the steps too
+    table = meter.step_table()
+    assert list(table["gpu"]["2 sandbox"]) == ["me", MACHINE]
+    assert table["gpu"]["2 sandbox"]["me"] == round(first["2 sandbox"]["me"] / 2, 2)
+    assert list(table["plain"]) == ["2 sandbox", "5 start"]
+    assert table["plain"]["2 sandbox"]["me"] < 20
+    assert len(meter.steps["plain"]) == 1
